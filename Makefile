@@ -1,0 +1,36 @@
+# Two entry points that work on a fresh machine: `make test` and `make report`.
+# Both create .venv, install the pinned CPU torch first (an unpinned torch pulls a multi-GB CUDA
+# build), then the package, and are quick when everything is already installed.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: test report lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+report: $(STAMP)
+	$(BIN)/attnscale bench --quick
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/attention_bench.py --out results/bench.json
+
+clean:
+	rm -rf $(VENV) report results
