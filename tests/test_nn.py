@@ -11,6 +11,34 @@ from attnscale import SCORES, reference_attention
 from attnscale.nn import SWIN_INIT, MultiheadSelfAttention, qknorm_g0
 
 
+def test_rope_keeps_norms_and_makes_scores_relative():
+    from attnscale.nn import apply_rope
+
+    x = torch.randn(1, 2, 9, 8, dtype=torch.float64)
+    r = apply_rope(x)
+    torch.testing.assert_close(r.norm(dim=-1), x.norm(dim=-1))
+    torch.testing.assert_close(r[:, :, 0], x[:, :, 0])  # position 0 is not rotated
+    # q·k depends only on the offset: shifting both by one position leaves the score unchanged
+    q = torch.randn(8, dtype=torch.float64)
+    k = torch.randn(8, dtype=torch.float64)
+    seq = torch.zeros(1, 1, 6, 8, dtype=torch.float64)
+    seq[0, 0, 1], seq[0, 0, 3] = q, k
+    seq2 = torch.zeros_like(seq)
+    seq2[0, 0, 2], seq2[0, 0, 4] = q, k
+    a, b = apply_rope(seq), apply_rope(seq2)
+    torch.testing.assert_close(a[0, 0, 1] @ a[0, 0, 3], b[0, 0, 2] @ b[0, 0, 4])
+    assert not torch.allclose(a[0, 0, 1] @ a[0, 0, 3], q @ k)
+
+
+def test_capture_hook_sees_q_k_and_the_call():
+    m = MultiheadSelfAttention(16, 4, score="cosine", tau=10.0, causal=True, rotary=True)
+    seen = {}
+    m.capture = lambda mod, q, k, call: seen.update(q=q, k=k, call=call)
+    m(torch.randn(2, 5, 16))
+    assert seen["q"].shape == (2, 4, 5, 4) and seen["call"]["score"] == "cosine"
+    assert seen["call"]["tau"] == 10.0 and seen["call"]["is_causal"] is True
+
+
 def reference_forward(m: MultiheadSelfAttention, x, is_causal):
     q, k, v = m.split_heads(x)
     kw = m._attention_kwargs()
@@ -33,6 +61,7 @@ CONFIGS = [{"score": s} for s in sorted(SCORES)] + [
     {"score": "cosine", "tau": 10.0},
     {"score": "softcap", "cap": 2.0},
     {"score": "qk_rmsnorm", "norm_affine": False, "scale": 0.12},
+    {"score": "log_length", "rotary": True},
 ]
 
 

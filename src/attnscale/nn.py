@@ -49,6 +49,8 @@ class MultiheadSelfAttention(nn.Module):
         qknorm_length: L for ``temperature="qknorm"``.
         norm_affine: learnable per-head weights for ``qk_layernorm`` / ``qk_rmsnorm``.
         learn_s: learnable per-head ``s`` for ``log_length``.
+        rotary: rotary position embedding on q and k (Su et al. 2021), applied before the score.
+        rope_base: RoPE frequency base.
         **score_params: fixed score parameters (``tau``, ``cap``, ``c``, ``s``, ``eps``, ``scale``).
     """
 
@@ -66,6 +68,8 @@ class MultiheadSelfAttention(nn.Module):
         qknorm_length: float | None = None,
         norm_affine: bool = True,
         learn_s: bool = True,
+        rotary: bool = False,
+        rope_base: float = 10000.0,
         **score_params: Any,
     ) -> None:
         super().__init__()
@@ -82,6 +86,13 @@ class MultiheadSelfAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.temperature = temperature
+        self.rotary, self.rope_base = rotary, rope_base
+        if rotary and self.head_dim % 2:
+            raise ValueError(f"rotary needs an even head dimension, got {self.head_dim}")
+        # Diagnostics hook: called as capture(module, q, k, call) with the q and k that enter the
+        # score (after projection and RoPE, before the score's own transform) and the keyword
+        # arguments of the attention call. attnscale.monitor installs it.
+        self.capture: Any = None
         self._init_score_parameters(temperature, qknorm_length, norm_affine, learn_s)
         # Fail at construction, not at the first forward, on bad score parameters.
         resolve_params(get_score(self.score), self._attention_kwargs()["params"], self.scale)
@@ -129,11 +140,13 @@ class MultiheadSelfAttention(nn.Module):
         return {"score": self.score, "scale": self.scale, "params": params}
 
     def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Project (B, N, d_model) to q (B, H, N, d), k and v (B, Hkv, N, d)."""
+        """Project (B, N, d_model) to q (B, H, N, d), k and v (B, Hkv, N, d), RoPE applied."""
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.rotary:
+            q, k = apply_rope(q, self.rope_base), apply_rope(k, self.rope_base)
         return q, k, v
 
     def forward(
@@ -145,19 +158,33 @@ class MultiheadSelfAttention(nn.Module):
         b, n, _ = x.shape
         q, k, v = self.split_heads(x)  # (B, H, N, d), (B, Hkv, N, d) x2
         kw = self._attention_kwargs()
-        y = attention(
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=self.causal if is_causal is None else is_causal,
-            enable_gqa=self.n_kv_heads != self.n_heads,
-            score=kw["score"],
-            scale=kw["scale"],
+        call = {
+            "attn_mask": attn_mask,
+            "is_causal": self.causal if is_causal is None else is_causal,
+            "enable_gqa": self.n_kv_heads != self.n_heads,
+            "score": kw["score"],
+            "scale": kw["scale"],
             **kw["params"],
-        )  # (B, H, N, d)
+        }
+        if self.capture is not None:
+            self.capture(self, q, k, call)
+        y = attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, **call)
+        # y: (B, H, N, d)
         return self.out_proj(y.transpose(1, 2).reshape(b, n, self.d_model))
+
+
+def apply_rope(x: Tensor, base: float = 10000.0) -> Tensor:
+    """Rotary position embedding (Su et al. 2021) over (B, H, N, d), position = index along N.
+
+    Pairs (x_i, x_{i+d/2}) rotate by angle pos·base^(−2i/d); rotation keeps ‖x‖, so cosine and
+    RMS-normalized scores see the same norms with or without it.
+    """
+    n, d = x.shape[-2], x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, d // 2, device=x.device, dtype=torch.float64) * 2 / d)
+    angles = torch.arange(n, device=x.device, dtype=torch.float64)[:, None] * inv_freq  # (N, d/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
 def _check_sizes(d_model: int, n_heads: int, n_kv_heads: int) -> None:
