@@ -153,3 +153,40 @@ def test_to_dict_and_mean():
 def test_bad_input(call, words):
     with pytest.raises(ValueError, match=words):
         call()
+
+
+def test_query_mask_drops_rows_and_uniform_entropy():
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 2, 6, 6, generator=g, dtype=torch.float64)
+    qmask = torch.ones(2, 6, dtype=torch.bool)
+    qmask[1, 3:] = False
+    s = logit_stats(logits, query_mask=qmask)
+    expected = brute(logits[:1], torch.ones(1, 2, 6, 6, dtype=torch.bool))
+    part = brute(logits[1:, :, :3], torch.ones(1, 2, 3, 6, dtype=torch.bool))
+    np.testing.assert_allclose(s.entropy, (6 * expected["entropy"] + 3 * part["entropy"]) / 9)
+    np.testing.assert_allclose(s.rows, [9, 9])
+    np.testing.assert_allclose(s.entropy_uniform, math.log(6))
+    with pytest.raises(ValueError, match="query_mask must have shape"):
+        logit_stats(logits, query_mask=torch.ones(2, 5, dtype=torch.bool))
+
+
+def test_accumulator_over_calls_equals_one_call():
+    from attnscale.stats import StatsAccumulator
+
+    g = torch.Generator().manual_seed(6)
+    q, k = (torch.randn(4, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    acc = StatsAccumulator(2)
+    acc.update(q[:2], k[:2], is_causal=True)
+    acc.update(q[2:], k[2:], is_causal=True)
+    both = attention_stats(q, k, is_causal=True)
+    for name, value in both.to_dict()["per_head"].items():
+        np.testing.assert_allclose(acc.result().to_dict()["per_head"][name], value, rtol=1e-12)
+
+
+def test_float32_blocks_agree_with_float64():
+    g = torch.Generator().manual_seed(7)
+    q, k = (torch.randn(2, 2, 9, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    a = attention_stats(q, k).to_dict()["mean"]
+    b = attention_stats(q.float(), k.float()).to_dict()["mean"]
+    for name, value in a.items():
+        assert b[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name

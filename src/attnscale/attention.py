@@ -326,31 +326,38 @@ class _ChunkedModAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, is_causal, scale, sc, params):  # type: ignore[override]
         out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
+        lse = torch.empty((*q.shape[:-1], 1), dtype=_work_dtype(q), device=q.device)
         for rows, keys, _, logits in _score_blocks(q, k, mask, is_causal, scale, sc, params):
-            p = _softmax(logits, mask is not None)  # (B, H, c, nk)
-            out[:, :, rows] = (p @ v[:, :, keys].to(p.dtype)).to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, mask)
+            # Unnormalized softmax: e = exp(ℓ − max), out = (e·V) / Σe, so the normalization
+            # touches the (c, Dv) output instead of the (c, nk) block.
+            m = logits.amax(-1, keepdim=True)
+            m = m.masked_fill(m == float("-inf"), 0.0)  # fully masked row: e = 0, out = 0
+            e = logits.sub_(m).exp_()  # (B, H, c, nk), in place
+            total = e.sum(-1, keepdim=True)
+            out[:, :, rows] = (e @ v[:, :, keys].to(e.dtype) / total.clamp_min(1e-30)).to(q.dtype)
+            # log Σ exp(ℓ); +inf on dead rows makes exp(ℓ − lse) = 0 in backward
+            lse[:, :, rows] = torch.where(total > 0, m + total.log(), float("inf"))
+        ctx.save_for_backward(q, k, v, out, mask, lse)
         ctx.args = (is_causal, scale, sc, params)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
-        q, k, v, out, mask = ctx.saved_tensors
+        q, k, v, out, mask, lse = ctx.saved_tensors
         is_causal, scale, sc, params = ctx.args
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        # Softmax backward: dlogit_ij = p_ij (dp_ij − δ_i) with δ_i = Σ_j p_ij dp_ij = dO_i · O_i.
+        # Softmax backward: dℓ_ij = p_ij (dp_ij − δ_i) with δ_i = Σ_j p_ij dp_ij = dO_i · O_i.
         delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Nq, 1)
         for rows, keys, f, logits in _score_blocks(q, k, mask, is_causal, scale, sc, params):
-            p = _softmax(logits, mask is not None)  # (B, H, c, nk)
+            grad_mod = sc.mod_grad(f, params)  # d mod/dz, before f may be overwritten below
+            p = logits.sub_(lse[:, :, rows].to(logits.dtype)).exp_()  # (B, H, c, nk)
             dout = grad_out[:, :, rows].to(p.dtype)
             dv[:, :, keys] += (p.transpose(-2, -1) @ dout).to(dv.dtype)
             dp = dout @ v[:, :, keys].transpose(-2, -1).to(p.dtype)
-            dz = p.mul_(dp.sub_(delta[:, :, rows].to(p.dtype)))
-            dz = dz.mul_(sc.mod_grad(f, params))  # chain rule through mod (f is overwritten)
+            dz = dp.sub_(delta[:, :, rows].to(p.dtype)).mul_(p).mul_(grad_mod)
             dq[:, :, rows] = ((dz @ k[:, :, keys].to(dz.dtype)) * scale).to(dq.dtype)
-            dk[:, :, keys] += ((dz.transpose(-2, -1) @ q[:, :, rows].to(dz.dtype)) * scale).to(
-                dk.dtype
-            )
+            dk_block = (dz.transpose(-2, -1) @ q[:, :, rows].to(dz.dtype)) * scale
+            dk[:, :, keys] += dk_block.to(dk.dtype)
         return dq, dk, dv, None, None, None, None, None
 
 
@@ -361,7 +368,7 @@ def _score_blocks(q, k, mask, is_causal, scale, sc, params):
     entries at −inf. Blocks are float32 for half-precision inputs.
     """
     nq, nk = q.shape[-2], k.shape[-2]
-    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    work = _work_dtype(q)
     chunk = max(1, min(nq, CHUNK_ELEMENTS // max(1, q.shape[0] * q.shape[1] * nk)))
     for start in range(0, nq, chunk):
         stop = min(nq, start + chunk)
@@ -379,10 +386,9 @@ def _score_blocks(q, k, mask, is_causal, scale, sc, params):
         yield slice(start, stop), keys, f, logits
 
 
-def _softmax(logits: Tensor, masked: bool) -> Tensor:
-    p = torch.softmax(logits, dim=-1)
-    # A fully masked row is all −inf and softmaxes to NaN; SDPA returns zeros there.
-    return torch.nan_to_num_(p, nan=0.0) if masked else p
+def _work_dtype(q: Tensor) -> torch.dtype:
+    """Half-precision inputs are computed in float32 blocks, like SDPA's CPU kernels."""
+    return torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
 
 
 def _flex_available() -> bool:

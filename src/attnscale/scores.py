@@ -58,7 +58,7 @@ class Score:
     # (q, k, scale, params, ctx) -> logits (…, Nq, Nk), the plain formula
     formula: Callable[..., Tensor] | None = None
     # Elementwise logit = mod(scale·q·k) for scores that need their own kernel, and d mod/dz
-    # written in terms of the output f = mod(z). Both may overwrite their input tensor.
+    # written in terms of the output f = mod(z). mod may overwrite z; mod_grad must not touch f.
     mod: Callable[[Tensor, Params], Tensor] | None = None
     mod_grad: Callable[[Tensor, Params], Tensor] | None = None
 
@@ -318,9 +318,12 @@ def _softcap_mod(z: Tensor, p: Params) -> Tensor:
 
 
 def _softcap_mod_grad(f: Tensor, p: Params) -> Tensor:
-    # d/dz cap·tanh(z/cap) = 1 − tanh² = 1 − (f/cap)², computed in place on f.
-    cap = per_head(p["cap"])
-    return f.div_(cap).square_().neg_().add_(1.0)
+    # d/dz cap·tanh(z/cap) = 1 − tanh² = 1 − (f/cap)²; a new tensor, f is left intact.
+    cap = p["cap"]
+    if isinstance(cap, Tensor):
+        t = f / per_head(cap)
+        return 1.0 - t * t
+    return torch.addcmul(torch.ones((), dtype=f.dtype), f, f, value=-1.0 / (cap * cap))
 
 
 register(

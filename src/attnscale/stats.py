@@ -47,6 +47,7 @@ class AttentionStats:
     logit_std: np.ndarray
     max_abs_logit: np.ndarray
     entropy: np.ndarray
+    entropy_uniform: np.ndarray  # mean ln n_i: the entropy if every row were uniform
     entropy_normalized: np.ndarray
     max_weight: np.ndarray
     effective_keys: np.ndarray
@@ -79,23 +80,17 @@ def logit_stats(
     logits: Tensor,
     attn_mask: Tensor | None = None,
     is_causal: bool = False,
+    query_mask: Tensor | None = None,
 ) -> AttentionStats:
     """Statistics of pre-softmax scores ``logits`` (B, H, Nq, Nk) (scaled, not yet masked).
 
-    ``attn_mask`` (bool keep / float additive) and ``is_causal`` as in :func:`attnscale.attention`.
+    ``attn_mask`` (bool keep / float additive) and ``is_causal`` as in :func:`attnscale.attention`;
+    ``query_mask`` (B, Nq) bool drops query rows (e.g. padding tokens) from the averages.
     """
     if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() != 4:
         raise ValueError("logits must be a floating tensor of shape (B, H, Nq, Nk)")
-    if torch.isnan(logits).any():
-        raise ValueError("logits contain NaN")
-    b, h, nq, nk = logits.shape
-    mask = _normalize_mask(attn_mask, logits.dtype)
-    if mask is not None:
-        _broadcast_mask(mask, (b, h, nq, nk))
-    acc = _Accumulator(h)
-    for rows, keep, bias in _blocks(mask, is_causal, (b, h, nq, nk), logits.device):
-        block = logits[:, :, rows]
-        acc.add(block if bias is None else block + bias, keep)
+    acc = StatsAccumulator(logits.shape[1])
+    acc.update_logits(logits, attn_mask, is_causal, query_mask)
     return acc.result()
 
 
@@ -108,29 +103,17 @@ def attention_stats(
     enable_gqa: bool = False,
     *,
     score: str | Score = "scaled_dot",
+    query_mask: Tensor | None = None,
     **score_params: Any,
 ) -> AttentionStats:
     """Statistics of the attention that ``attnscale.attention(query, key, ...)`` computes.
 
     Logits come from the score's plain formula (the same one the float64 reference uses), one
-    query chunk at a time; values are not needed.
+    query chunk at a time; values are not needed. ``query_mask`` (B, Nq) bool drops query rows.
     """
-    sc = get_score(score)
-    params = resolve_params(sc, score_params, scale)
-    q, k, _, _ = _check_inputs(query, key, key, attn_mask, 0.0, is_causal, enable_gqa)
-    if enable_gqa and k.shape[1] != q.shape[1]:
-        group = q.shape[1] // k.shape[1]
-        k = k.repeat_interleave(group, dim=1)
-        params = _expand_key_head_params(params, group)
-    b, h, nq, d = q.shape
-    nk = k.shape[-2]
-    mask = _normalize_mask(attn_mask, q.dtype)
-    acc = _Accumulator(h)
-    with torch.no_grad():
-        for rows, keep, bias in _blocks(mask, is_causal, (b, h, nq, nk), q.device):
-            ctx = Context(head_dim=d, n_visible=lambda keep=keep: keep.sum(-1, keepdim=True))
-            logits = sc.formula(q[:, :, rows], k, scale, params, ctx)  # (B, H, c, Nk)
-            acc.add(logits if bias is None else logits + bias, keep)
+    acc = StatsAccumulator(query.shape[1] if isinstance(query, Tensor) and query.dim() == 4 else 1)
+    acc.update(query, key, attn_mask, is_causal, scale, enable_gqa, score=score,
+               query_mask=query_mask, **score_params)
     return acc.result()
 
 
@@ -173,31 +156,100 @@ def _block_mask(mask, is_causal, rows: slice, nk: int, shape, device):
     return keep, bias
 
 
-class _Accumulator:
-    """Running per-head sums over valid rows and visible entries, in float64."""
+class StatsAccumulator:
+    """Running per-head sums over many attention calls; :meth:`result` gives the statistics.
 
-    ROW_FIELDS = ("entropy", "max_weight", "effective_keys", "saturated_fraction",
-                  "jacobian_norm", "logsumexp", "z_loss")
+    Block math runs in float32 (float64 for float64 inputs); sums accumulate in float64.
+    """
+
+    ROW_FIELDS = ("entropy", "entropy_uniform", "max_weight", "effective_keys",
+                  "saturated_fraction", "jacobian_norm", "logsumexp", "z_loss")
 
     def __init__(self, heads: int) -> None:
         z = lambda: np.zeros(heads)  # noqa: E731
+        self.heads = heads
         self.rows, self.norm_rows, self.entries = z(), z(), z()
         self.row_sums = {name: z() for name in self.ROW_FIELDS}
         self.norm_entropy = z()
         self.logit_sum, self.logit_sq, self.max_abs = z(), z(), z()
 
-    def add(self, logits: Tensor, keep: Tensor) -> None:
-        logits = logits.double()
+    def update(
+        self,
+        query: Tensor,
+        key: Tensor,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        *,
+        score: str | Score = "scaled_dot",
+        query_mask: Tensor | None = None,
+        **score_params: Any,
+    ) -> None:
+        """Add the attention of one call, given as in :func:`attnscale.attention`."""
+        sc = get_score(score)
+        params = resolve_params(sc, score_params, scale)
+        q, k, _, _ = _check_inputs(query, key, key, attn_mask, 0.0, is_causal, enable_gqa)
+        if enable_gqa and k.shape[1] != q.shape[1]:
+            group = q.shape[1] // k.shape[1]
+            k = k.repeat_interleave(group, dim=1)
+            params = _expand_key_head_params(params, group)
+        self._check_heads(q.shape[1])
+        b, h, nq, d = q.shape
+        mask = _normalize_mask(attn_mask, q.dtype)
+        qmask = _query_mask(query_mask, b, nq)
+        with torch.no_grad():
+            for rows, keep, bias in _blocks(mask, is_causal, (b, h, nq, k.shape[-2]), q.device):
+                ctx = Context(head_dim=d, n_visible=lambda keep=keep: keep.sum(-1, keepdim=True))
+                logits = sc.formula(q[:, :, rows], k, scale, params, ctx)  # (B, H, c, Nk)
+                rows_kept = None if qmask is None else qmask[:, None, rows]
+                self.add(logits if bias is None else logits + bias, keep, rows_kept)
+
+    def update_logits(
+        self,
+        logits: Tensor,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        query_mask: Tensor | None = None,
+    ) -> None:
+        """Add pre-softmax scores (B, H, Nq, Nk) (scaled, not yet masked)."""
+        if torch.isnan(logits).any():
+            raise ValueError("logits contain NaN")
+        b, h, nq, nk = logits.shape
+        self._check_heads(h)
+        mask = _normalize_mask(attn_mask, logits.dtype)
+        if mask is not None:
+            _broadcast_mask(mask, (b, h, nq, nk))
+        qmask = _query_mask(query_mask, b, nq)
+        with torch.no_grad():
+            for rows, keep, bias in _blocks(mask, is_causal, (b, h, nq, nk), logits.device):
+                block = logits[:, :, rows]
+                rows_kept = None if qmask is None else qmask[:, None, rows]
+                self.add(block if bias is None else block + bias, keep, rows_kept)
+
+    def _check_heads(self, heads: int) -> None:
+        if heads != self.heads:
+            raise ValueError(f"this accumulator has {self.heads} heads, got {heads}")
+
+    def add(self, logits: Tensor, keep: Tensor, rows_kept: Tensor | None = None) -> None:
+        """Add one block of logits (B, H, c, Nk) with its visibility ``keep``; ``rows_kept``
+        (B, 1, c) bool drops query rows."""
+        if logits.dtype != torch.float64:
+            logits = logits.float()
         keep = keep.expand(logits.shape)
         masked = logits.masked_fill(~keep, float("-inf"))
         n_vis = keep.sum(-1)  # (B, H, c)
         valid = n_vis > 0
+        if rows_kept is not None:
+            valid = valid & rows_kept
+            keep = keep & rows_kept.unsqueeze(-1)
         lse = torch.logsumexp(masked, dim=-1)  # (B, H, c), −inf on dead rows
         logp = masked - lse.unsqueeze(-1)
         p = torch.where(keep, logp.exp(), torch.zeros((), dtype=logits.dtype))
         s2, s3 = (p * p).sum(-1), (p * p * p).sum(-1)
         per_row = {
             "entropy": -torch.where(keep, p * logp, torch.zeros((), dtype=p.dtype)).sum(-1),
+            "entropy_uniform": torch.log(n_vis.clamp_min(1).to(logits.dtype)),
             "max_weight": p.amax(-1),
             "effective_keys": 1.0 / s2.clamp_min(1e-300),
             "saturated_fraction": (p.amax(-1) > SATURATION).double(),
@@ -208,8 +260,8 @@ class _Accumulator:
         for name, value in per_row.items():
             self.row_sums[name] += _head_sum(torch.where(valid, value, 0.0))
         self.rows += _head_sum(valid.double())
-        wide = n_vis >= 2
-        ent_norm = per_row["entropy"] / torch.log(n_vis.clamp_min(2).double())
+        wide = valid & (n_vis >= 2)
+        ent_norm = per_row["entropy"] / torch.log(n_vis.clamp_min(2).to(logits.dtype))
         self.norm_entropy += _head_sum(torch.where(wide, ent_norm, 0.0))
         self.norm_rows += _head_sum(wide.double())
         visible = torch.where(keep, logits, torch.zeros((), dtype=logits.dtype))
@@ -235,7 +287,18 @@ class _Accumulator:
 
 
 def _head_sum(x: Tensor, dims: tuple[int, ...] = (0, 2)) -> np.ndarray:
-    return x.sum(dim=dims).cpu().numpy()
+    return x.sum(dim=dims, dtype=torch.float64).cpu().numpy()
+
+
+def _query_mask(query_mask: Tensor | None, b: int, nq: int) -> Tensor | None:
+    if query_mask is None:
+        return None
+    if not isinstance(query_mask, Tensor) or query_mask.dtype != torch.bool:
+        raise TypeError("query_mask must be a bool tensor (B, Nq), True = keep the row")
+    if tuple(query_mask.shape) != (b, nq):
+        raise ValueError(f"query_mask must have shape (B, Nq) = {(b, nq)}, "
+                         f"got {tuple(query_mask.shape)}")
+    return query_mask
 
 
 def uniform_entropy(n: int) -> float:
