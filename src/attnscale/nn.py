@@ -21,17 +21,11 @@ from torch import Tensor, nn
 
 from attnscale.attention import attention
 from attnscale.scores import get_score, resolve_params
+from attnscale.theory import qknorm_g0
 
 Temperature = Literal["fixed", "swin", "qknorm"]
 SWIN_INIT = math.log(10.0)  # Swin V2: logit scale initialized at log 10 ...
 SWIN_MAX = math.log(100.0)  # ... and clamped at log 100 (τ ≤ 100, i.e. temperature ≥ 0.01)
-
-
-def qknorm_g0(length: float) -> float:
-    """QKNorm's initial gain g₀ = log₂(L² − L) (Henry et al. 2020); L = 72 gives 12.32."""
-    if length <= 1:
-        raise ValueError(f"qknorm_length must be > 1, got {length}")
-    return math.log2(length * length - length)
 
 
 class MultiheadSelfAttention(nn.Module):
@@ -113,7 +107,7 @@ class MultiheadSelfAttention(nn.Module):
         elif temperature == "qknorm":
             if qknorm_length is None:
                 raise ValueError("temperature='qknorm' needs qknorm_length (the L in log2(L²−L))")
-            self.gain = nn.Parameter(torch.tensor(qknorm_g0(qknorm_length)))
+            self.gain = nn.Parameter(torch.tensor(float(qknorm_g0(qknorm_length))))
         if self.score in ("qk_layernorm", "qk_rmsnorm") and norm_affine:
             self.q_weight = nn.Parameter(torch.ones(self.n_heads, self.head_dim))
             self.k_weight = nn.Parameter(torch.ones(self.n_kv_heads, self.head_dim))
