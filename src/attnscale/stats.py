@@ -117,13 +117,19 @@ def attention_stats(
     return acc.result()
 
 
-def _blocks(mask, is_causal, shape, device) -> Iterator[tuple[slice, Tensor, Tensor | None]]:
+def _blocks(mask, is_causal, shape, device) -> Iterator[tuple[slice, Tensor | None, Tensor | None]]:
     b, h, nq, nk = shape
     chunk = _chunk_rows(b * h * nk, nq)
     for start in range(0, nq, chunk):
         rows = slice(start, min(nq, start + chunk))
         keep, bias = _block_mask(mask, is_causal, rows, nk, shape, device)
         yield rows, keep, bias
+
+
+def _n_visible(keep: Tensor | None, nk: int) -> Tensor:
+    if keep is None:
+        return torch.full((1, 1), float(nk))
+    return keep.sum(-1, keepdim=True)
 
 
 def _chunk_rows(per_row: int, nq: int) -> int:
@@ -142,6 +148,8 @@ def _broadcast_mask(mask: Tensor, shape: tuple[int, ...]) -> None:
 def _block_mask(mask, is_causal, rows: slice, nk: int, shape, device):
     """(keep, additive bias) for query rows ``rows``; keep broadcasts to (B, H, c, Nk)."""
     c = rows.stop - rows.start
+    if mask is None and not is_causal:
+        return None, None  # every key visible
     keep = torch.ones(c, nk, dtype=torch.bool, device=device)
     if is_causal:
         keep = keep.tril(diagonal=rows.start)
@@ -199,8 +207,9 @@ class StatsAccumulator:
         mask = _normalize_mask(attn_mask, q.dtype)
         qmask = _query_mask(query_mask, b, nq)
         with torch.no_grad():
-            for rows, keep, bias in _blocks(mask, is_causal, (b, h, nq, k.shape[-2]), q.device):
-                ctx = Context(head_dim=d, n_visible=lambda keep=keep: keep.sum(-1, keepdim=True))
+            nk = k.shape[-2]
+            for rows, keep, bias in _blocks(mask, is_causal, (b, h, nq, nk), q.device):
+                ctx = Context(head_dim=d, n_visible=lambda keep=keep: _n_visible(keep, nk))
                 logits = sc.formula(q[:, :, rows], k, scale, params, ctx)  # (B, H, c, Nk)
                 rows_kept = None if qmask is None else qmask[:, None, rows]
                 self.add(logits if bias is None else logits + bias, keep, rows_kept)
@@ -231,44 +240,56 @@ class StatsAccumulator:
         if heads != self.heads:
             raise ValueError(f"this accumulator has {self.heads} heads, got {heads}")
 
-    def add(self, logits: Tensor, keep: Tensor, rows_kept: Tensor | None = None) -> None:
-        """Add one block of logits (B, H, c, Nk) with its visibility ``keep``; ``rows_kept``
-        (B, 1, c) bool drops query rows."""
+    def add(self, logits: Tensor, keep: Tensor | None, rows_kept: Tensor | None = None) -> None:
+        """Add one block of logits (B, H, c, Nk). ``keep`` (broadcastable bool) marks visible
+        keys, None = all visible; ``rows_kept`` (B, 1, c) bool drops query rows."""
+        # Every full-size (B, H, c, Nk) pass costs; row-level (B, H, c) work is cheap.
         if logits.dtype != torch.float64:
             logits = logits.float()
-        keep = keep.expand(logits.shape)
-        masked = logits.masked_fill(~keep, float("-inf"))
-        n_vis = keep.sum(-1)  # (B, H, c)
-        valid = n_vis > 0
-        if rows_kept is not None:
-            valid = valid & rows_kept
-            keep = keep & rows_kept.unsqueeze(-1)
-        lse = torch.logsumexp(masked, dim=-1)  # (B, H, c), −inf on dead rows
-        logp = masked - lse.unsqueeze(-1)
-        p = torch.where(keep, logp.exp(), torch.zeros((), dtype=logits.dtype))
-        s2, s3 = (p * p).sum(-1), (p * p * p).sum(-1)
+        b, h, c, nk = logits.shape
+        if keep is None:
+            masked, visible = logits, logits
+            n_vis = torch.full((b, h, c), nk, dtype=logits.dtype, device=logits.device)
+        else:
+            keep = keep.expand(logits.shape)
+            masked = logits.masked_fill(~keep, float("-inf"))
+            visible = logits.masked_fill(~keep, 0.0)
+            n_vis = keep.sum(-1).to(logits.dtype)  # (B, H, c)
+        lse = torch.logsumexp(masked, dim=-1)  # (B, H, c), −inf on fully masked rows
+        valid = torch.isfinite(lse)
+        logp = masked - lse.masked_fill(~valid, 0.0).unsqueeze(-1)
+        p = logp.exp()  # 0 on masked keys
+        if keep is not None:
+            logp.clamp_(min=torch.finfo(logp.dtype).min)  # p·logp = 0, not NaN, where p = 0
+        s2 = torch.linalg.vecdot(p, p)
+        s3 = torch.linalg.vecdot(p * p, p)
+        max_weight = p.amax(-1)
         per_row = {
-            "entropy": -torch.where(keep, p * logp, torch.zeros((), dtype=p.dtype)).sum(-1),
-            "entropy_uniform": torch.log(n_vis.clamp_min(1).to(logits.dtype)),
-            "max_weight": p.amax(-1),
-            "effective_keys": 1.0 / s2.clamp_min(1e-300),
-            "saturated_fraction": (p.amax(-1) > SATURATION).double(),
+            "entropy": -torch.linalg.vecdot(p, logp),
+            "entropy_uniform": torch.log(n_vis.clamp_min(1)),
+            "max_weight": max_weight,
+            "effective_keys": 1.0 / s2.clamp_min(1e-30),
+            "saturated_fraction": (max_weight > SATURATION).to(logits.dtype),
             "jacobian_norm": (s2 - 2 * s3 + s2 * s2).clamp_min(0).sqrt(),
             "logsumexp": lse,
             "z_loss": lse * lse,
         }
+        if rows_kept is not None:
+            valid = valid & rows_kept
+        zero = torch.zeros((), dtype=logits.dtype, device=logits.device)
         for name, value in per_row.items():
-            self.row_sums[name] += _head_sum(torch.where(valid, value, 0.0))
-        self.rows += _head_sum(valid.double())
+            self.row_sums[name] += _head_sum(torch.where(valid, value, zero))
+        self.rows += _head_sum(valid)
         wide = valid & (n_vis >= 2)
-        ent_norm = per_row["entropy"] / torch.log(n_vis.clamp_min(2).to(logits.dtype))
-        self.norm_entropy += _head_sum(torch.where(wide, ent_norm, 0.0))
-        self.norm_rows += _head_sum(wide.double())
-        visible = torch.where(keep, logits, torch.zeros((), dtype=logits.dtype))
-        self.entries += _head_sum(keep.double(), dims=(0, 2, 3))
-        self.logit_sum += _head_sum(visible, dims=(0, 2, 3))
-        self.logit_sq += _head_sum(visible * visible, dims=(0, 2, 3))
-        self.max_abs = np.maximum(self.max_abs, visible.abs().amax(dim=(0, 2, 3)).cpu().numpy())
+        ent_norm = per_row["entropy"] / torch.log(n_vis.clamp_min(2))
+        self.norm_entropy += _head_sum(torch.where(wide, ent_norm, zero))
+        self.norm_rows += _head_sum(wide)
+        self.entries += _head_sum(torch.where(valid, n_vis, zero))
+        self.logit_sum += _head_sum(torch.where(valid, visible.sum(-1), zero))
+        self.logit_sq += _head_sum(torch.where(valid, torch.linalg.vecdot(visible, visible), zero))
+        row_max = torch.maximum(visible.amax(-1), -visible.amin(-1))  # max |logit| per row
+        head_max = torch.where(valid, row_max, zero).amax(dim=(0, 2))
+        self.max_abs = np.maximum(self.max_abs, head_max.double().cpu().numpy())
 
     def result(self) -> AttentionStats:
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -286,8 +307,9 @@ class StatsAccumulator:
             )
 
 
-def _head_sum(x: Tensor, dims: tuple[int, ...] = (0, 2)) -> np.ndarray:
-    return x.sum(dim=dims, dtype=torch.float64).cpu().numpy()
+def _head_sum(x: Tensor) -> np.ndarray:
+    """Sum a row-level (B, H, c) tensor over batch and rows, in float64."""
+    return x.sum(dim=(0, 2), dtype=torch.float64).cpu().numpy()
 
 
 def _query_mask(query_mask: Tensor | None, b: int, nq: int) -> Tensor | None:

@@ -1,0 +1,57 @@
+"""Cost of attnscale.monitor on all-MiniLM-L6-v2 with 128-token inputs, sampling every call.
+
+    python benchmarks/monitor_overhead.py [--batch 8] [--repeats 10]
+
+Forward passes with and without the monitor are interleaved in one process; the ratio of the
+best times is the overhead (the target is ≤ 1.10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from attnscale.inspection import _load, resolve_model_dir
+from attnscale.monitor import Monitor
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--counterfactuals", action="store_true")
+    args = parser.parse_args()
+    model, _ = _load(resolve_model_dir("minilm"))
+    g = torch.Generator().manual_seed(0)
+    inputs = {
+        "input_ids": torch.randint(1000, 20000, (args.batch, 128), generator=g),
+        "attention_mask": torch.ones(args.batch, 128, dtype=torch.long),
+    }
+    plain, monitored = [], []
+    mon = Monitor(model, counterfactuals=args.counterfactuals)
+    with torch.no_grad():
+        model(**inputs)
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            model(**inputs)
+            plain.append(time.perf_counter() - t0)
+            with mon:
+                t0 = time.perf_counter()
+                model(**inputs)
+                monitored.append(time.perf_counter() - t0)
+    result = {
+        "batch": args.batch,
+        "tokens": 128,
+        "plain_ms": 1e3 * min(plain),
+        "monitored_ms": 1e3 * min(monitored),
+        "ratio": min(monitored) / min(plain),
+        "counterfactuals": args.counterfactuals,
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
