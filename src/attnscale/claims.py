@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from itertools import pairwise
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 SUPPORTED, REFUTED, DEPENDS = "supported", "refuted", "depends"

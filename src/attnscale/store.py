@@ -1,0 +1,396 @@
+"""The results store: one SQLite file (WAL mode) per sweep database.
+
+Tables:
+
+``runs``
+    One row per grid point: ``id`` (the config hash), ``sweep`` and ``variant`` labels, the
+    resolved ``config`` (JSON), ``status`` (queued, running, done, diverged, failed), ``error``,
+    ``worker`` (which process ran it, e.g. ``pid 1234``), timings (``queued_at``,
+    ``started_at``, ``finished_at`` as Unix seconds; ``elapsed_s`` as the trainer measured
+    it), ``versions`` (JSON), ``git_rev``, and the numbers (``initial_loss``,
+    ``final_loss``, ``final_metric``, ``diverged_step``, ``steps``).
+``metrics``
+    The time series of each run: one row per history entry (``run_id``, ``idx``, ``step``,
+    ``loss``, and the whole entry as JSON in ``data``).
+
+A run's results are written in one transaction: its metrics rows and its final status appear
+together or not at all, so a sweep killed at any moment leaves either a finished run with its
+full history or an unfinished run (queued/running) with no metrics. Every connection sets a
+busy timeout, so several processes may write to the same file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+STATUSES = ("queued", "running", "done", "diverged", "failed")
+FINISHED = ("done", "diverged")
+BUSY_TIMEOUT_MS = 60_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    sweep TEXT,
+    variant TEXT,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('queued','running','done','diverged','failed')),
+    error TEXT,
+    worker TEXT,
+    queued_at REAL,
+    started_at REAL,
+    finished_at REAL,
+    elapsed_s REAL,
+    versions TEXT,
+    git_rev TEXT,
+    initial_loss REAL,
+    final_loss REAL,
+    final_metric REAL,
+    diverged_step INTEGER,
+    steps INTEGER
+);
+CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
+CREATE TABLE IF NOT EXISTS metrics (
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    idx INTEGER NOT NULL,
+    step INTEGER,
+    loss REAL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (run_id, idx)
+);
+"""
+
+_JSON_COLUMNS = ("config", "versions")
+
+
+def _finite(x: Any) -> float | None:
+    """A float for SQL REAL columns; NaN and ±inf become NULL (JSON has no NaN)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _dumps(obj: Any) -> str:
+    """JSON text with non-finite floats written as null, so every reader can parse it."""
+    return json.dumps(_clean(obj), sort_keys=True, default=str)
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+class Store:
+    """A connection to a results database; creates the file and tables on first use.
+
+    >>> store = Store(":memory:")
+    >>> store.add_runs([{"id": "a1", "config": {"lr": 0.1}}])
+    1
+    >>> store.get("a1")["status"]
+    'queued'
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if self.path != ":memory:":
+            self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+        self.conn.execute("PRAGMA foreign_keys = ON")
+        with self.transaction():
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self.conn.execute(statement)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE … COMMIT, rolled back on any exception."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # ---------------------------------------------------------------- writing
+
+    def add_runs(self, points: Iterable[Mapping[str, Any]], sweep: str | None = None) -> int:
+        """Insert grid points (dicts with ``id``, ``config``, optional ``variant``) as queued.
+
+        Points already in the store are left alone. Returns how many rows were added.
+        """
+        now = time.time()
+        rows = [(p["id"], sweep, p.get("variant"), _dumps(p["config"]), now) for p in points]
+        with self.transaction() as c:
+            before = c.total_changes
+            c.executemany(
+                "INSERT OR IGNORE INTO runs (id, sweep, variant, config, status, queued_at) "
+                "VALUES (?, ?, ?, ?, 'queued', ?)",
+                rows,
+            )
+            return c.total_changes - before
+
+    def requeue(self, ids: Iterable[str]) -> None:
+        """Reset runs to queued, dropping any metrics, error and final numbers they had."""
+        ids = list(ids)
+        now = time.time()
+        with self.transaction() as c:
+            c.executemany("DELETE FROM metrics WHERE run_id = ?", [(i,) for i in ids])
+            c.executemany(
+                "UPDATE runs SET status = 'queued', error = NULL, worker = NULL, queued_at = ?, "
+                "started_at = NULL, finished_at = NULL, elapsed_s = NULL, final_loss = NULL, "
+                "final_metric = NULL, diverged_step = NULL, steps = NULL, initial_loss = NULL "
+                "WHERE id = ?",
+                [(now, i) for i in ids],
+            )
+
+    def mark_running(self, run_id: str, worker: str | None = None) -> None:
+        """Status running, with the start time and the worker that took it."""
+        with self.transaction() as c:
+            c.execute(
+                "UPDATE runs SET status = 'running', started_at = ?, worker = ? WHERE id = ?",
+                (time.time(), worker, run_id),
+            )
+
+    def finish(self, run_id: str, result: Mapping[str, Any]) -> None:
+        """Write a trainer result (``RunResult.to_dict()``) and its history in one transaction.
+
+        The status is the result's (``done`` or ``diverged``); anything else is stored as
+        ``failed``.
+        """
+        status = result.get("status")
+        if status not in FINISHED:
+            self.fail(run_id, f"trainer returned status {status!r}")
+            return
+        history = list(result.get("history") or [])
+        rows = [
+            (run_id, i, h.get("step"), _finite(h.get("loss")), _dumps(h))
+            for i, h in enumerate(history)
+        ]
+        with self.transaction() as c:
+            c.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
+            c.executemany(
+                "INSERT INTO metrics (run_id, idx, step, loss, data) VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            c.execute(
+                "UPDATE runs SET status = ?, error = NULL, finished_at = ?, elapsed_s = ?, "
+                "versions = ?, git_rev = ?, initial_loss = ?, final_loss = ?, final_metric = ?, "
+                "diverged_step = ?, steps = ? WHERE id = ?",
+                (
+                    status,
+                    time.time(),
+                    _finite(result.get("elapsed_s")),
+                    _dumps(result.get("versions") or {}),
+                    result.get("git_rev"),
+                    _finite(result.get("initial_loss")),
+                    _finite(result.get("final_loss")),
+                    _finite(result.get("final_metric")),
+                    result.get("diverged_step"),
+                    result.get("steps"),
+                    run_id,
+                ),
+            )
+
+    def fail(self, run_id: str, error: str) -> None:
+        """Status failed with the error text; the run keeps no metrics."""
+        with self.transaction() as c:
+            c.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
+            c.execute(
+                "UPDATE runs SET status = 'failed', error = ?, finished_at = ? WHERE id = ?",
+                (error, time.time(), run_id),
+            )
+
+    # ---------------------------------------------------------------- reading
+
+    def get(self, run_id: str, history: bool = False) -> dict[str, Any] | None:
+        """One run as a dict (see :meth:`runs`), or None."""
+        row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            return None
+        run = _run_dict(row)
+        if history:
+            run["history"] = self.history(run_id)
+        return run
+
+    def runs(
+        self,
+        status: str | Iterable[str] | None = None,
+        where: Mapping[str, Any] | None = None,
+        history: bool = False,
+        ids: Iterable[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Runs as dicts, in the order they were first added.
+
+        Args:
+            status: keep runs with this status (or any of these statuses).
+            where: keep runs whose resolved config has these values (e.g. ``{"score": "dot"}``);
+                ``variant`` and ``sweep`` are matched against the run's labels.
+            history: attach each run's time series as ``run["history"]``.
+            ids: keep only these run ids.
+
+        Each dict has the ``runs`` columns, with ``config`` and ``versions`` parsed from JSON.
+        """
+        sql, args = "SELECT * FROM runs", []
+        clauses = []
+        if status is not None:
+            wanted = [status] if isinstance(status, str) else list(status)
+            bad = sorted(set(wanted) - set(STATUSES))
+            if bad:
+                raise ValueError(f"unknown status {bad}; valid: {list(STATUSES)}")
+            clauses.append(f"status IN ({','.join('?' * len(wanted))})")
+            args += wanted
+        for key, value in (where or {}).items():
+            if key in ("variant", "sweep"):
+                clauses.append(f"{key} IS ?")
+            else:
+                clauses.append("json_extract(config, ?) IS ?")
+                args.append(f'$."{key}"')
+            args.append(value)
+        if ids is not None:
+            id_list = list(ids)
+            clauses.append(f"id IN ({','.join('?' * len(id_list))})")
+            args += id_list
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
+        rows = self.conn.execute(sql + " ORDER BY rowid", args).fetchall()
+        out = [_run_dict(r) for r in rows]
+        if history:
+            series = self._histories()
+            for run in out:
+                run["history"] = series.get(run["id"], [])
+        return out
+
+    def history(self, run_id: str) -> list[dict[str, Any]]:
+        """A run's time series: the trainer's history entries, in order."""
+        rows = self.conn.execute(
+            "SELECT data FROM metrics WHERE run_id = ? ORDER BY idx", (run_id,)
+        ).fetchall()
+        return [json.loads(r["data"]) for r in rows]
+
+    def _histories(self) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for r in self.conn.execute("SELECT run_id, data FROM metrics ORDER BY run_id, idx"):
+            out.setdefault(r["run_id"], []).append(json.loads(r["data"]))
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """Number of runs per status (every status present, zeros included)."""
+        out = dict.fromkeys(STATUSES, 0)
+        for r in self.conn.execute("SELECT status, COUNT(*) AS n FROM runs GROUP BY status"):
+            out[r["status"]] = r["n"]
+        return out
+
+    def metric_counts(self) -> dict[str, int]:
+        """Number of metrics rows per run id (runs without metrics are absent)."""
+        rows = self.conn.execute("SELECT run_id, COUNT(*) AS n FROM metrics GROUP BY run_id")
+        return {r["run_id"]: r["n"] for r in rows}
+
+    def integrity_check(self) -> str:
+        """SQLite's ``PRAGMA integrity_check`` result ("ok" when the file is sound)."""
+        return self.conn.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+def _run_dict(row: sqlite3.Row) -> dict[str, Any]:
+    run = dict(row)
+    for key in _JSON_COLUMNS:
+        run[key] = json.loads(run[key]) if run[key] else ({} if key == "versions" else None)
+    return run
+
+
+# ---------------------------------------------------------------- export
+
+SUMMARY_COLUMNS = (
+    "id",
+    "sweep",
+    "variant",
+    "status",
+    "initial_loss",
+    "final_loss",
+    "final_metric",
+    "diverged_step",
+    "steps",
+    "elapsed_s",
+    "git_rev",
+    "error",
+)
+
+
+def flat_row(run: Mapping[str, Any]) -> dict[str, Any]:
+    """One run as a flat dict: the summary columns, then ``config.<field>`` for each field.
+
+    ``error`` keeps only its first line (the exception type and message).
+    """
+    row = {key: run.get(key) for key in SUMMARY_COLUMNS}
+    if row["error"]:
+        row["error"] = str(row["error"]).splitlines()[0]
+    for key, value in (run.get("config") or {}).items():
+        is_nested = isinstance(value, (dict, list))
+        row[f"config.{key}"] = json.dumps(value) if is_nested else value
+    return row
+
+
+def write_csv(runs: Iterable[Mapping[str, Any]], path: str | Path) -> int:
+    """Write runs as CSV (see :func:`flat_row`); returns the number of rows."""
+    import csv
+
+    rows = [flat_row(r) for r in runs]
+    columns = _columns(rows)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return len(rows)
+
+
+def write_parquet(runs: Iterable[Mapping[str, Any]], path: str | Path) -> int:
+    """Write runs as Parquet with pyarrow (or pandas); returns the number of rows."""
+    rows = [flat_row(r) for r in runs]
+    columns = _columns(rows)
+    table = {c: [r.get(c) for r in rows] for c in columns}
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ValueError("--parquet needs pyarrow: pip install pyarrow") from None
+        pd.DataFrame(table, columns=columns).to_parquet(path)
+        return len(rows)
+    pq.write_table(pa.table(table), str(path))
+    return len(rows)
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    columns = list(SUMMARY_COLUMNS)
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    return columns
