@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 report: $(STAMP)
-	$(BIN)/attnscale bench --quick
+	$(BIN)/attnscale report --standard --out report
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

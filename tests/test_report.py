@@ -89,3 +89,24 @@ def test_cli_rejects_two_presets():
     out = subprocess.run([sys.executable, "-m", "attnscale.cli", "report", "--quick", "--full"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.startswith("error: choose one preset")
+
+
+def test_report_page_in_a_real_browser(tiny, tmp_path):
+    """Headless Chromium: no console errors, every figure renders, sliders update numbers."""
+    import os
+    import shutil
+
+    from attnscale import explorer
+
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        if os.environ.get("ATTNSCALE_REQUIRE_BROWSER"):
+            pytest.fail("chromium/chromedriver missing and ATTNSCALE_REQUIRE_BROWSER is set")
+        pytest.skip("chromium and chromedriver are not installed (apt-get install chromium "
+                    "chromium-driver)")
+    out, _, _ = tiny
+    shot = Path(os.environ.get("ATTNSCALE_SCREENSHOT_DIR", tmp_path)) / "report.png"
+    result = explorer.browser_check(out / "index.html", shot)
+    assert result["ok"], result["problems"]
+    assert not result["console_errors"]
+    assert result["numbers_before"] != result["numbers_after"]
+    assert shot.stat().st_size > 10_000

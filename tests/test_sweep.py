@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from attnscale.store import Store
-from attnscale.sweep import config_id, expand, load_spec, parse_spec
+from attnscale.sweep import config_id, expand, load_spec, parse_spec, plan
 from attnscale.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,6 +169,25 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, text, words):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0]
     assert not db.exists()
+
+
+def test_plan_skips_finished_and_redoes_interrupted(tmp_path):
+    points = expand(parse_spec(TINY + "[axes]\nlr = [1e-3, 1e-2, 1e-1, 1.0, 10.0]\n"))
+    ids = [p.id for p in points]
+    with Store(tmp_path / "runs.db") as store:
+        todo, counts = plan(store, points, "t", retry_failed=False)
+        assert [t.id for t in todo] == ids and counts.skipped == 0
+        store.finish(ids[0], {"status": "done", "history": [{"step": 0, "loss": 1.0}]})
+        store.finish(ids[1], {"status": "diverged", "history": []})
+        store.fail(ids[2], "ValueError: boom")
+        store.mark_running(ids[3])  # left running by a killed sweep
+        todo, counts = plan(store, points, "t", retry_failed=False)
+        assert [t.id for t in todo] == ids[3:]
+        assert (counts.done, counts.diverged, counts.failed, counts.skipped) == (1, 1, 1, 3)
+        assert store.get(ids[3])["status"] == "queued"
+        todo, counts = plan(store, points, "t", retry_failed=True)
+        assert [t.id for t in todo] == ids[2:] and counts.skipped == 2
+        assert store.get(ids[2])["status"] == "queued" and store.get(ids[2])["error"] is None
 
 
 # ------------------------------------------------------------------------------ real sweeps

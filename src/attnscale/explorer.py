@@ -425,11 +425,12 @@ def _check_explorer(driver, timeout: float, problems: list[str]) -> dict[str, An
         event = "change" if element_id == "explorer-score" else "input"
         _set_and_wait(driver, element_id, value, event, timeout)
     out["theory_probes"] = driver.execute_script(
-        "var api = window.attnscaleExplorer; if (!api) return null;"
+        "var api = window.attnscaleExplorer; if (!api || !api.theory) return null;"
         " return arguments[0].map(function (p) { return api.theory(p[0], p[1], p[2], p[3]); });",
         [list(p) for p in THEORY_PROBES])
     out["mc_probes"] = driver.execute_script(
-        "var api = window.attnscaleExplorer, draws = arguments[1]; if (!api) return null;"
+        "var api = window.attnscaleExplorer, draws = arguments[1];"
+        " if (!api || !api.monteCarlo) return null;"
         " return arguments[0].map(function (p) {"
         " return api.monteCarlo(p[0], p[1], p[2], p[3], 50, 7, draws); });",
         [list(p) for p in MC_PROBES], MC_DRAWS)
@@ -483,7 +484,8 @@ def browser_check(
     Returns a dict: ``ok``, ``problems`` (list of str, empty when ok), ``images``, ``figures``,
     ``numbers_before``/``numbers_after`` (id → text), ``theory_probes`` (the page's theory at
     :data:`THEORY_PROBES`), ``mc_probes`` (mean and standard error of the page's sampler over
-    :data:`MC_DRAWS` draws at :data:`MC_PROBES`), ``console_errors``, ``requests``, ``screenshot``, ``seconds``.
+    :data:`MC_DRAWS` draws at :data:`MC_PROBES`), ``console_errors``, ``requests``,
+    ``screenshot``, ``seconds``.
     Raises RuntimeError if Chromium or chromedriver is missing, ImportError without selenium.
     """
     paths = find_chromium()

@@ -10,20 +10,24 @@ Block (pre-LN, no biases, as Wortsman et al. 2023 use)::
     x = x + attn(LN(x))
     x = x + mlp(LN(x))          mlp(x) = W₂ GELU(W₁ x), hidden width 4·d_model
 
+``mlp=False`` drops the second line: attention-only blocks, as Zoology's MQAR models use
+(Arora et al. 2023, state mixer = identity).
+
 Inputs: ``tokens`` (B, T) int64 and an optional ``scale`` (B, T) that multiplies the token
 embedding before positions are added (the salience task's magnitude cue, ``Batch.scale``).
 
 Initialization (``init``):
 
-* ``"gpt2"``: every linear and embedding weight ~ N(0, init_std²), init_std = 0.02, and the two
-  residual projections per block (attention output, MLP output) ~ N(0, (init_std/√(2·n_layers))²)
-  (Radford et al. 2019, GPT-2 §2.3; nanoGPT does the same).
+* ``"gpt2"``: every linear and embedding weight ~ N(0, init_std²), init_std = 0.02, and the
+  residual projections (attention output, MLP output) ~ N(0, (init_std/√n_res)²) with n_res the
+  number of residual branches, 2·n_layers (Radford et al. 2019, GPT-2 §2.3; nanoGPT does the
+  same; n_layers for attention-only blocks).
 * ``"mup"``: the µP recipe of Yang et al. 2022 (Tensor Programs V, arXiv 2203.03466), relative
   to a base width d₀ = ``mup_base_width`` at which it equals ``"gpt2"``:
 
   - embeddings keep std init_std (input weights: constant in width);
   - hidden weights get variance ∝ 1/fan_in: std = init_std·√(d₀/fan_in) (the residual
-    projections keep the extra 1/√(2·n_layers) depth factor);
+    projections keep the extra 1/√n_res depth factor);
   - the output logits are multiplied by d₀/d_model (µP's 1/width readout multiplier; with tied
     embeddings the shared matrix is read out through the same multiplier, as mup's
     ``MuSharedReadout``), and an untied readout starts at zero;
@@ -78,6 +82,7 @@ class GPTConfig:
     init_std: float = 0.02
     mup_base_width: int = 128
     tie_embeddings: bool = True
+    mlp: bool = True
     mlp_ratio: int = 4
     dropout: float = 0.0
     bias: bool = False
@@ -113,7 +118,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LN Transformer block: x + attn(LN(x)), then x + mlp(LN(x))."""
+    """Pre-LN Transformer block: x + attn(LN(x)), then x + mlp(LN(x)) (skipped if mlp=False)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -133,11 +138,16 @@ class Block(nn.Module):
             **config.score_params,
         )
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
-        self.mlp = MLP(config)
+        if config.mlp:
+            self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
+            self.mlp = MLP(config)
+        else:
+            self.ln_2 = self.mlp = None
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.resid_dropout(self.attn(self.ln_1(x)))  # (B, T, C)
+        if self.mlp is None:
+            return x
         return x + self.mlp(self.ln_2(x))  # (B, T, C)
 
 
@@ -164,7 +174,7 @@ class GPT(nn.Module):
     def reset_parameters(self) -> None:
         """Initialize as in the module docstring (GPT-2 or µP)."""
         c = self.config
-        residual_std = c.init_std / math.sqrt(2 * c.n_layers)
+        residual_std = c.init_std / math.sqrt((2 if c.mlp else 1) * c.n_layers)
         for name, module in self.named_modules():
             if isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=c.init_std)

@@ -81,58 +81,68 @@ PRESETS: dict[str, Preset] = {
                                                    "cosine_tau10", "cosine_learned",
                                                    "qk_layernorm"), dk_lrs=(1e-2,)),
     "quick": Preset("quick", seeds=(0,), lrs=(3e-3, 3e-2), widths=(32,), steps=150,
-                    text_steps=100, head_dims=(8, 32), bench_n=(256, 1024), bench_repeats=2,
+                    text_steps=150, head_dims=(8, 32), bench_n=(256, 1024), bench_repeats=2,
                     mc_samples=300, inspect_sentences=8,
                     lr_scores=("scaled_dot", "dot", "cosine_tau1", "cosine_tau10",
-                               "cosine_learned", "qk_layernorm")),
-    "standard": Preset("standard", seeds=(0, 1), lrs=(1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
+                               "cosine_learned", "qk_layernorm"), dk_lrs=(1e-2,)),
+    "standard": Preset("standard", seeds=(0, 1), lrs=(3e-3, 1e-2, 3e-2, 1e-1),
                        widths=(32, 64), steps=400, text_steps=300, head_dims=(8, 32, 64),
                        bench_n=(256, 1024), bench_repeats=3, mc_samples=1000,
-                       inspect_sentences=64, lr_scores=ALL_VARIANTS),
+                       inspect_sentences=64, lr_scores=ALL_VARIANTS, dk_lrs=(3e-3, 1e-2)),
     "full": Preset("full", seeds=(0, 1, 2), lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
-                   widths=(64, 128), steps=1200, text_steps=1000, head_dims=(8, 32, 128),
+                   widths=(64, 128), steps=1500, text_steps=1000, head_dims=(8, 32, 128),
                    bench_n=(256, 1024, 2048), bench_repeats=3, mc_samples=3000,
-                   inspect_sentences=256, lr_scores=ALL_VARIANTS),
+                   inspect_sentences=256, lr_scores=ALL_VARIANTS, dk_lrs=(1e-3, 3e-3, 1e-2)),
 }
 
-# The MQAR size every study uses unless it says otherwise (small enough for CPU sweeps).
+# The thread's alternatives, the modern ones and the baseline, for the MQAR accuracy study.
+MQAR_VARIANTS = ("scaled_dot", "dot", "cosine_tau1", "cosine_tau10", "cosine_learned",
+                 "qk_layernorm")
+# A small MQAR (Zoology's layout, fewer pairs and a smaller vocabulary) so CPU sweeps fit.
 MQAR = {"task": "mqar", "seq_len": 32, "num_kv_pairs": 4, "vocab_size": 64, "n_layers": 2,
-        "n_heads": 2, "batch_size": 32, "log_every": 25}
+        "n_heads": 2, "batch_size": 32}
+TEXT = {"task": "text", "seq_len": 64, "n_heads": 2, "n_layers": 2, "batch_size": 16}
 
 
 def study_specs(p: Preset) -> dict[str, dict[str, Any]]:
-    """The training studies of preset ``p`` as sweep specs ({name, base, axes, variant})."""
+    """The training studies of preset ``p`` as sweep specs ({name, base, axes, variant}).
+
+    lr_text: every score × LR grid × width × seed on char-level text (C6, C11, C12, Q1);
+    lr_mqar: cosine variants and baselines on MQAR (C4, C6); salience (C3); head_dim: unscaled
+    vs scaled over d_k at one head (C7, C13); length: train at n, test at 2n, 4n (Q3).
+    """
     def variants(names):
         return [{"name": n, **VARIANTS[n]} for n in names]
 
-    lr_axes = {"lr": list(p.lrs), "seed": list(p.seeds)}
     warm = min(25, p.steps // 4)
+    log = max(1, min(50, p.steps // 4))
+    run = {"steps": p.steps, "warmup_steps": warm, "log_every": log}
+    text_run = {"steps": p.text_steps, "warmup_steps": min(25, p.text_steps // 4),
+                "log_every": max(1, min(50, p.text_steps // 4))}
+    mqar_scores = [v for v in MQAR_VARIANTS if v in p.lr_scores]
+    two_seeds = list(p.seeds) + [s + 10 for s in p.seeds]
     return {
-        "lr_mqar": {"name": "lr_mqar", "base": {**MQAR, "steps": p.steps, "warmup_steps": warm},
-                    "axes": {**lr_axes, "d_model": list(p.widths)},
+        "lr_text": {"name": "lr_text", "base": {**TEXT, **text_run},
+                    "axes": {"lr": list(p.lrs), "d_model": list(p.widths),
+                             "seed": list(p.seeds)},
                     "variant": variants(p.lr_scores)},
-        "lr_text": {"name": "lr_text",
-                    "base": {"task": "text", "seq_len": 64, "d_model": p.widths[0],
-                             "n_heads": 2, "n_layers": 2, "batch_size": 16,
-                             "steps": p.text_steps, "warmup_steps": warm, "log_every": 25},
-                    "axes": lr_axes, "variant": variants(p.lr_scores)},
+        "lr_mqar": {"name": "lr_mqar", "base": {**MQAR, **run, "d_model": p.widths[-1]},
+                    "axes": {"lr": list(p.dk_lrs), "seed": list(p.seeds)},
+                    "variant": variants(mqar_scores)},
         "salience": {"name": "salience",
                      "base": {"task": "salience", "d_model": p.widths[-1], "n_heads": 2,
-                              "n_layers": 2, "batch_size": 32, "steps": p.steps,
-                              "warmup_steps": warm, "lr": 3e-3, "log_every": 25},
-                     "axes": {"seed": list(p.seeds) + [s + 10 for s in p.seeds]},
+                              "n_layers": 2, "batch_size": 32, "lr": 3e-3, **run},
+                     "axes": {"seed": two_seeds},
                      "variant": variants(("scaled_dot", "cosine_tau1", "cosine_tau10",
                                           "cosine_learned"))},
-        "head_dim": {"name": "head_dim",
-                     "base": {**MQAR, "n_heads": 1, "steps": p.steps, "warmup_steps": warm},
+        "head_dim": {"name": "head_dim", "base": {**TEXT, **text_run, "n_heads": 1},
                      "axes": {"d_model": list(p.head_dims), "lr": list(p.dk_lrs),
                               "seed": list(p.seeds)},
                      "variant": variants(("scaled_dot", "dot"))},
         "length": {"name": "length",
                    "base": {"task": "length", "seq_len": 32, "pos": "none", "d_model": 64,
-                            "n_heads": 2, "n_layers": 2, "batch_size": 32, "steps": p.steps,
-                            "warmup_steps": warm, "lr": 3e-3, "log_every": 25},
-                   "axes": {"seed": list(p.seeds) + [s + 10 for s in p.seeds]},
+                            "n_heads": 2, "n_layers": 2, "batch_size": 32, "lr": 3e-3, **run},
+                   "axes": {"seed": two_seeds},
                    "variant": variants(("scaled_dot", "log_length"))},
     }
 
@@ -350,7 +360,7 @@ def _best_lr_ci(runs: list[dict], value: str = "final_loss") -> tuple[dict, floa
 
 
 def evidence_lr(store) -> dict[str, Any]:
-    """C4 (training), C6, C11, C12 (trained), Q1 from the LR sweeps."""
+    """C4 (training), C6, C11, Q1 from the LR sweeps."""
     from attnscale import analysis
 
     out: dict[str, Any] = {"best_loss": {}, "by_width": {}, "by_task": {}, "accuracy": {},
@@ -369,19 +379,29 @@ def evidence_lr(store) -> dict[str, Any]:
                                           "divergence_rate": analysis.divergence_rate(rs) or 0.0,
                                           "stable_lrs": analysis.stable_lrs(rs)}
             if task == "mqar":
-                acc = [r["final_metric"] for r in rs if r["config"]["lr"] == best_lr]
-                out["accuracy"][name] = _ci(acc)
-        if task == "mqar":
-            for (w, name), rs in analysis.group_runs(runs, by=["d_model"]).items():
-                stable = analysis.stable_lrs(rs)
-                out["by_width"].setdefault(str(w), {})[name] = {
-                    "divergence_rate": analysis.divergence_rate(rs) or 0.0,
-                    "max_stable_lr": max(stable) if stable else None,
-                    "lr_sensitivity": analysis.lr_sensitivity(rs),
-                    "loss_by_lr": {str(k): v for k, v in analysis.loss_by_lr(rs).items()},
-                    "divergence_by_lr": {str(k): v
-                                         for k, v in analysis.divergence_by_lr(rs).items()},
-                }
+                out["accuracy"][name] = _ci(r["final_metric"] or 0.0 for r in rs
+                                            if r["config"]["lr"] == best_lr)
+        if task == "text":
+            out["by_width"] = _by_width(runs)
+    return out
+
+
+def _by_width(runs: list[dict]) -> dict[str, dict[str, Any]]:
+    """Wortsman's metrics per width and score (C11)."""
+    from attnscale import analysis
+
+    out: dict[str, dict[str, Any]] = {}
+    for (w, name), rs in analysis.group_runs(runs, by=["d_model"]).items():
+        stable = analysis.stable_lrs(rs)
+        out.setdefault(str(w), {})[name] = {
+            "divergence_rate": analysis.divergence_rate(rs) or 0.0,
+            "max_stable_lr": max(stable) if stable else None,
+            "lr_sensitivity": analysis.lr_sensitivity(rs),
+            "loss_by_lr": {str(k): v for k, v in analysis.loss_by_lr(rs).items()},
+            "divergence_by_lr": {str(k): v for k, v in analysis.divergence_by_lr(rs).items()},
+            "peak_max_logit": max((v for v in (analysis.peak_max_logit(r) for r in rs)
+                                   if v is not None), default=None),
+        }
     return out
 
 
@@ -389,7 +409,7 @@ def evidence_trained_logits(store, n: int) -> dict[str, Any]:
     """C12: scaled_dot's max |logit| at the end of training vs at its first logged step."""
     from attnscale import analysis
 
-    runs = [r for r in _runs(store, "lr_mqar") if r.get("variant") == "scaled_dot"
+    runs = [r for r in _runs(store, "lr_text") if r.get("variant") == "scaled_dot"
             and r["status"] == "done"]
     finals, growth = [], []
     for r in runs:
@@ -407,7 +427,10 @@ def evidence_salience(store) -> dict[str, Any]:
     acc: dict[str, list[float]] = {}
     for r in runs:
         acc.setdefault(r["variant"], []).append(r["final_metric"] or 0.0)
-    return {"accuracy": {k: _ci(v) for k, v in acc.items()}, "chance": 1 / 8,
+    from attnscale.tasks import make_task
+
+    return {"accuracy": {k: _ci(v) for k, v in acc.items()},
+            "chance": float(make_task("salience").chance_level),
             "runs": [r["id"] for r in runs]}
 
 
@@ -496,13 +519,13 @@ def collect_evidence(state: ReportState) -> None:
         sal = evidence_salience(store)
         dk = evidence_head_dim(store)
         length = evidence_length(store)
-        trained = evidence_trained_logits(store, n=MQAR["seq_len"])
+        trained = evidence_trained_logits(store, n=TEXT["seq_len"])
     bench_rows = m["bench"]["rows"]
     ratio = {}
     for n in sorted({r["n"] for r in bench_rows}):
         t = {r["score"]: r["fwdbwd_ms"] for r in bench_rows if r["n"] == n and not r["causal"]}
         ratio[str(n)] = t["cosine"] / t["scaled_dot"]
-    mqar_n = MQAR["seq_len"]
+    mqar_n = MQAR["seq_len"]  # keys a query sees at most in the MQAR study
     state.evidence = {
         "C1": m["implementation"]["c1"],
         "C2": m["implementation"]["c2"],
@@ -580,12 +603,17 @@ def _data_uri(path: str) -> str:
     return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
 
 
-def _explorer_fragment() -> str:
+def _explorer_fragment(db: Path) -> str:
+    """The interactive explorer, its theory grids cached like every other measurement."""
+    from attnscale import explorer
+
+    cache = MeasurementCache(db)
     try:
-        from attnscale import explorer
-    except ImportError:
-        return "<p>(explorer unavailable)</p>"
-    return explorer.render_explorer()
+        data = cache.get_or_compute("explorer", {"attnscale": versions().get("attnscale")},
+                                    explorer.explorer_data)
+    finally:
+        cache.close()
+    return explorer.render_explorer(data)
 
 
 def build_report(
@@ -634,5 +662,5 @@ def build_report(
     }
     report = _jsonable(report)
     (out / "report.json").write_text(json.dumps(report, indent=1))
-    (out / "index.html").write_text(render_html(report, _explorer_fragment()))
+    (out / "index.html").write_text(render_html(report, _explorer_fragment(state.db)))
     return report

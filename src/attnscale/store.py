@@ -16,7 +16,9 @@ Tables:
 A run's results are written in one transaction: its metrics rows and its final status appear
 together or not at all, so a sweep killed at any moment leaves either a finished run with its
 full history or an unfinished run (queued/running) with no metrics. Every connection sets a
-busy timeout, so several processes may write to the same file.
+busy timeout, so several processes may write to the same file. ``synchronous = NORMAL``: a
+killed process loses nothing that was committed; a power cut may lose the last commits, but
+never leaves a half-written run.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ CREATE TABLE IF NOT EXISTS runs (
     final_loss REAL,
     final_metric REAL,
     diverged_step INTEGER,
-    steps INTEGER
+    steps INTEGER,
+    final_metrics TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
 CREATE TABLE IF NOT EXISTS metrics (
@@ -66,7 +69,7 @@ CREATE TABLE IF NOT EXISTS metrics (
 );
 """
 
-_JSON_COLUMNS = ("config", "versions")
+_JSON_COLUMNS = ("config", "versions", "final_metrics")
 
 
 def _finite(x: Any) -> float | None:
@@ -117,6 +120,9 @@ class Store:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     self.conn.execute(statement)
+            columns = {row[1] for row in self.conn.execute("PRAGMA table_info(runs)")}
+            if "final_metrics" not in columns:  # a database made before the column existed
+                self.conn.execute("ALTER TABLE runs ADD COLUMN final_metrics TEXT")
 
     def close(self) -> None:
         """Close the connection."""
@@ -203,7 +209,7 @@ class Store:
             c.execute(
                 "UPDATE runs SET status = ?, error = NULL, finished_at = ?, elapsed_s = ?, "
                 "versions = ?, git_rev = ?, initial_loss = ?, final_loss = ?, final_metric = ?, "
-                "diverged_step = ?, steps = ? WHERE id = ?",
+                "diverged_step = ?, steps = ?, final_metrics = ? WHERE id = ?",
                 (
                     status,
                     time.time(),
@@ -215,6 +221,7 @@ class Store:
                     _finite(result.get("final_metric")),
                     result.get("diverged_step"),
                     result.get("steps"),
+                    _dumps(result.get("final_metrics") or {}),
                     run_id,
                 ),
             )

@@ -1,6 +1,7 @@
 """Sweeps: a TOML grid of training configs, run by a pool of workers into a SQLite store.
 
-A sweep file has four parts, all optional except that the grid must not be empty::
+A sweep file has four parts, all optional (with no axes and no variants the grid is the one
+point ``[base]``)::
 
     name = "mqar-lr"                 # a label stored with every run
     description = "..."
@@ -49,7 +50,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from attnscale.store import FINISHED, Store
 
@@ -95,6 +103,11 @@ class SweepSpec(BaseModel):
                 raise ValueError(f"axis {key!r} is empty; give at least one value")
         return axes
 
+    @model_validator(mode="after")
+    def _known_fields(self) -> SweepSpec:
+        _check_fields(self)
+        return self
+
 
 @dataclass(frozen=True)
 class Point:
@@ -120,11 +133,9 @@ def parse_spec(text: str, source: str = "<sweep>") -> SweepSpec:
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{source}: bad TOML: {e}") from None
     try:
-        spec = SweepSpec.model_validate(raw)
+        return SweepSpec.model_validate(raw)
     except ValidationError as e:
         raise ValueError(f"{source}: {_first_error(e)}") from None
-    _check_fields(spec, source)
-    return spec
 
 
 def _first_error(e: ValidationError) -> str:
@@ -144,7 +155,7 @@ def train_fields() -> list[str]:
     return list(TrainConfig.model_fields)
 
 
-def _check_fields(spec: SweepSpec, source: str) -> None:
+def _check_fields(spec: SweepSpec) -> None:
     fields = train_fields()
     tables = [("base", spec.base), ("axes", spec.axes)]
     tables += [(f"variant {v.name!r}", v.overrides) for v in spec.variant]
@@ -153,12 +164,12 @@ def _check_fields(spec: SweepSpec, source: str) -> None:
             if key not in fields:
                 hint = difflib.get_close_matches(key, fields, n=1)
                 maybe = f" (did you mean {hint[0]!r}?)" if hint else ""
-                raise ValueError(f"{source}: [{where}] unknown TrainConfig field {key!r}{maybe}")
-    _check_scores(spec, source)
-    _check_variants(spec, source)
+                raise ValueError(f"[{where}] unknown TrainConfig field {key!r}{maybe}")
+    _check_scores(spec)
+    _check_variants(spec)
 
 
-def _check_scores(spec: SweepSpec, source: str) -> None:
+def _check_scores(spec: SweepSpec) -> None:
     from attnscale.scores import SCORES
 
     values = [("base", spec.base.get("score"))]
@@ -166,22 +177,19 @@ def _check_scores(spec: SweepSpec, source: str) -> None:
     values += [(f"variant {v.name!r}", v.overrides.get("score")) for v in spec.variant]
     for where, score in values:
         if score is not None and score not in SCORES:
-            raise ValueError(
-                f"{source}: [{where}] unknown score {score!r}; valid: {sorted(SCORES)}"
-            )
+            raise ValueError(f"[{where}] unknown score {score!r}; valid: {sorted(SCORES)}")
 
 
-def _check_variants(spec: SweepSpec, source: str) -> None:
+def _check_variants(spec: SweepSpec) -> None:
     names = [v.name for v in spec.variant]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise ValueError(f"{source}: variant names must be unique; repeated: {dup}")
+        raise ValueError(f"variant names must be unique; repeated: {dup}")
     for v in spec.variant:
         both = sorted(set(v.overrides) & set(spec.axes))
         if both:
             raise ValueError(
-                f"{source}: variant {v.name!r} sets {both}, which are also axes; "
-                "set them in one place"
+                f"variant {v.name!r} sets {both}, which are also axes; set them in one place"
             )
 
 

@@ -131,6 +131,7 @@ class TrainConfig(BaseModel):
     init_std: float = Field(0.02, gt=0, description="Weight init std (GPT-2: 0.02).")
     init: Literal["gpt2", "mup"] = Field("gpt2", description="Initialization: gpt2 or mup.")
     tie_embeddings: bool = Field(True, description="Share input embedding and readout.")
+    mlp: bool = Field(True, description="MLP in every block (off: attention-only).")
 
     # -- optimization -------------------------------------------------------------------------
     lr: float = Field(3e-3, gt=0, description="Peak learning rate.")
@@ -309,6 +310,7 @@ def build_model(config: TrainConfig, task: Task) -> GPT:
             init=config.init,
             init_std=config.init_std,
             tie_embeddings=config.tie_embeddings,
+            mlp=config.mlp,
         )
     )
 
@@ -349,11 +351,11 @@ def lr_at(step: int, config: TrainConfig) -> float:
 
 def losses(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     """(cross-entropy, mean (log Z)²) over the labelled positions; logits (B, T, V)."""
-    flat = logits.reshape(-1, logits.shape[-1])  # (B·T, V)
     labels = targets.reshape(-1)  # (B·T,)
-    ce = F.cross_entropy(flat, labels, ignore_index=IGNORE_INDEX)
-    log_z = torch.logsumexp(flat[labels != IGNORE_INDEX], dim=-1)
-    return ce, (log_z * log_z).mean()
+    keep = labels != IGNORE_INDEX
+    picked = logits.reshape(-1, logits.shape[-1])[keep]  # (labelled, V)
+    log_z = torch.logsumexp(picked, dim=-1)
+    return F.cross_entropy(picked, labels[keep]), (log_z * log_z).mean()
 
 
 @contextmanager
