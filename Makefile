@@ -14,9 +14,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev,hf]'
+	$(BIN)/python -m pip install -q -e '.[dev,hf,ray]'
 	touch $(STAMP)
 
 test: $(STAMP)

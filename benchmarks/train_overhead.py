@@ -57,27 +57,31 @@ class PlainAttention(nn.Module):
 
 
 class PlainBlock(nn.Module):
-    def __init__(self, d_model: int, n_heads: int) -> None:
+    def __init__(self, d_model: int, n_heads: int, mlp: bool) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(d_model, bias=False)
         self.attn = PlainAttention(d_model, n_heads)
-        self.ln_2 = nn.LayerNorm(d_model, bias=False)
-        self.fc = nn.Linear(d_model, 4 * d_model, bias=False)
-        self.out = nn.Linear(4 * d_model, d_model, bias=False)
+        self.mlp = mlp
+        if mlp:
+            self.ln_2 = nn.LayerNorm(d_model, bias=False)
+            self.fc = nn.Linear(d_model, 4 * d_model, bias=False)
+            self.out = nn.Linear(4 * d_model, d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln_1(x))
+        if not self.mlp:
+            return x
         return x + self.out(F.gelu(self.fc(self.ln_2(x))))
 
 
 class PlainGPT(nn.Module):
     """Learned positions, pre-LN blocks, tied readout: the shape of attnscale's default GPT."""
 
-    def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_heads: int, n_layers: int):
+    def __init__(self, vocab: int, seq_len: int, d_model: int, heads: int, layers: int, mlp: bool):
         super().__init__()
-        self.wte = nn.Embedding(vocab_size, d_model)
+        self.wte = nn.Embedding(vocab, d_model)
         self.wpe = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(PlainBlock(d_model, n_heads) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(PlainBlock(d_model, heads, mlp) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d_model, bias=False)
 
     def forward(self, tokens: Tensor, scale: Tensor | None = None) -> Tensor:
@@ -91,7 +95,7 @@ class PlainGPT(nn.Module):
 def plain_copy(model: GPT) -> PlainGPT:
     """A PlainGPT holding ``model``'s weights (q, k, v projections stacked into qkv)."""
     c = model.config
-    plain = PlainGPT(c.vocab_size, c.seq_len, c.d_model, c.n_heads, c.n_layers)
+    plain = PlainGPT(c.vocab_size, c.seq_len, c.d_model, c.n_heads, c.n_layers, c.mlp)
     with torch.no_grad():
         plain.wte.weight.copy_(model.wte.weight)
         plain.wpe.weight.copy_(model.wpe.weight)
@@ -102,16 +106,17 @@ def plain_copy(model: GPT) -> PlainGPT:
             dst.attn.qkv.weight.copy_(qkv)
             dst.attn.proj.weight.copy_(a.out_proj.weight)
             dst.ln_1.weight.copy_(src.ln_1.weight)
-            dst.ln_2.weight.copy_(src.ln_2.weight)
-            dst.fc.weight.copy_(src.mlp.fc.weight)
-            dst.out.weight.copy_(src.mlp.proj.weight)
+            if c.mlp:
+                dst.ln_2.weight.copy_(src.ln_2.weight)
+                dst.fc.weight.copy_(src.mlp.fc.weight)
+                dst.out.weight.copy_(src.mlp.proj.weight)
     return plain
 
 
 def step_flops(cfg: TrainConfig, vocab_size: int, seq_len: int) -> float:
     """Model FLOPs of one training step (module docstring)."""
     d, b, t = cfg.d_model, cfg.batch_size, seq_len
-    weights = cfg.n_layers * (4 * d * d + 8 * d * d) + d * vocab_size
+    weights = cfg.n_layers * (4 * d * d + (8 * d * d if cfg.use_mlp else 0)) + d * vocab_size
     attn = cfg.n_layers * 4 * b * t * t * d * 0.5
     return 3 * (2 * b * t * weights + attn)
 
@@ -185,10 +190,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--mlp", action=argparse.BooleanOptionalAction, default=None,
+                        help="MLP blocks (default: the config's, off for MQAR).")
     parser.add_argument("--out", type=Path, default=None, help="Write the record as JSON.")
     args = parser.parse_args()
     sizes = {"d_model": args.d_model, "n_heads": args.heads, "n_layers": args.layers,
-             "batch_size": args.batch_size, "threads": args.threads}
+             "batch_size": args.batch_size, "threads": args.threads, "mlp": args.mlp}
     cfg = TrainConfig(**{k: v for k, v in sizes.items() if v is not None})
     with num_threads(cfg.threads):
         record = measure(cfg, args.blocks)

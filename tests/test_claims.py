@@ -40,17 +40,24 @@ def test_c3():
     assert C.judge_c3(ev).verdict == "refuted"
     ev["accuracy"]["cosine_learned"] = ci(0.9, 0.03)
     assert C.judge_c3(ev).verdict == "depends"
+    ev["accuracy"]["scaled_dot"] = ci(0.13)  # nothing learned: inconclusive, whatever cosine does
+    ev["accuracy"]["cosine_learned"] = ci(0.12)
+    assert C.judge_c3(ev).verdict == "depends"
+    assert "inconclusive" in C.judge_c3(ev).because
 
 
 def test_c4():
     ev = {"accuracy": {"scaled_dot": ci(1.0), "cosine_tau1": ci(0.1), "cosine_tau10": ci(0.99),
-                       "cosine_learned": ci(0.98)}, "max_weight_bound": 0.0142, "n": 512}
+                       "cosine_learned": ci(0.98)}, "max_weight_bound": 0.0142, "n": 512,
+          "chance": 0.25}
     assert C.judge_c4(ev).verdict == "depends"
     ev["accuracy"]["cosine_tau10"] = ci(0.2)
     ev["accuracy"]["cosine_learned"] = ci(0.1)
     assert C.judge_c4(ev).verdict == "supported"
     ev["accuracy"]["cosine_tau1"] = ci(0.95)
     assert C.judge_c4(ev).verdict == "refuted"
+    ev["accuracy"] = {k: ci(0.27) for k in ev["accuracy"]}  # chance 0.25: nothing learned
+    assert C.judge_c4(ev).verdict == "depends"
 
 
 def test_c5():
@@ -185,6 +192,10 @@ def test_q3():
     assert C.judge_q3({"accuracy": acc}).verdict == "refuted"
     acc["log_length"] = {"n=64": ci(1.0), "n=128": ci(0.7), "n=256": ci(0.3)}
     assert C.judge_q3({"accuracy": acc}).verdict == "depends"
+    acc["log_length"] = {"n=64": ci(1.0), "n=128": ci(0.8), "n=256": ci(0.7)}
+    assert C.judge_q3({"accuracy": acc, "chance": 0.25}).verdict == "supported"
+    acc["scaled_dot"]["n=64"] = ci(0.3)  # the baseline never learned the task
+    assert C.judge_q3({"accuracy": acc, "chance": 0.25}).verdict == "depends"
 
 
 def test_verdict_values_are_checked():

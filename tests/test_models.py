@@ -12,7 +12,6 @@ from attnscale import SCORES
 from attnscale.models import GPT, GPTConfig
 
 
-
 @pytest.fixture(autouse=True)
 def one_thread():
     """Small ops on a busy machine are far faster single-threaded."""
@@ -31,7 +30,8 @@ def tiny(**overrides) -> GPT:
 
 
 def tokens(b: int = 2, t: int = 12, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, TINY["vocab_size"], (b, t), generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, TINY["vocab_size"], (b, t), generator=g)
 
 
 VARIANTS = [{"score": s} for s in sorted(SCORES)] + [
@@ -43,6 +43,7 @@ VARIANTS = [{"score": s} for s in sorted(SCORES)] + [
     {"score": "scaled_dot", "init": "mup"},
     {"score": "cosine", "init": "mup"},
     {"score": "scaled_dot", "tie_embeddings": False},
+    {"score": "scaled_dot", "mlp": False},
 ]
 
 
@@ -133,6 +134,10 @@ def test_gpt2_init_stds():
     assert model.blocks[0].attn.out_proj.weight.std().item() == pytest.approx(resid, rel=0.1)
     assert model.lm_head.weight is model.wte.weight
     assert model.lr_scales() == {} and model.readout_mult == 1.0
+    attention_only = tiny(d_model=64, n_layers=4, mlp=False)
+    assert attention_only.blocks[0].mlp is None
+    out_std = attention_only.blocks[0].attn.out_proj.weight.std().item()
+    assert out_std == pytest.approx(std / math.sqrt(4), rel=0.1)  # one residual branch per block
 
 
 def test_mup_init_zero_query_readout_and_width_scaling():

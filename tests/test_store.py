@@ -11,7 +11,10 @@ import textwrap
 
 import pytest
 
+from attnscale import store as store_module
 from attnscale.store import Store, flat_row, write_csv, write_parquet
+
+STORE_PY = store_module.__file__
 
 
 def result(status="done", n=3, loss=1.0):
@@ -115,16 +118,20 @@ def test_filters(store):
 
 
 def test_concurrent_writers(tmp_path):
-    """Three processes finish 20 runs each into one file at the same time."""
+    """Four processes finish 50 runs each into one file at the same time."""
     db = tmp_path / "shared.db"
     Store(db).close()
+    # Load store.py on its own (it imports nothing from attnscale), so the writers start fast.
     script = textwrap.dedent(
         f"""
-        import sys
-        from attnscale.store import Store
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("store", {str(STORE_PY)!r})
+        store = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(store)
+        Store = store.Store
         w = int(sys.argv[1])
         with Store({str(db)!r}) as s:
-            for i in range(20):
+            for i in range(50):
                 rid = f"w{{w}}-{{i}}"
                 s.add_runs([{{"id": rid, "config": {{"w": w, "i": i}}}}])
                 s.mark_running(rid)
@@ -132,10 +139,10 @@ def test_concurrent_writers(tmp_path):
                           [{{"step": j, "loss": 1.0}} for j in range(20)]}})
         """
     )
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(w)]) for w in range(3)]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(w)]) for w in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
     with Store(db) as s:
-        assert s.counts()["done"] == 60
+        assert s.counts()["done"] == 200
         assert set(s.metric_counts().values()) == {20}
         assert s.integrity_check() == "ok"
 

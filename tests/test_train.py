@@ -160,7 +160,7 @@ def test_weight_decay_is_independent_and_skips_norms():
     groups = build_optimizer(model, cfg).param_groups
     decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
     assert all(g["weight_decay"] == pytest.approx(1e-2) for g in groups if g["weight_decay"])
-    assert id(model.wte.weight) in decayed and id(model.blocks[0].mlp.fc.weight) in decayed
+    assert id(model.wte.weight) in decayed and id(model.blocks[0].attn.q_proj.weight) in decayed
     assert id(model.ln_f.weight) not in decayed
     assert id(model.blocks[0].attn.q_weight) not in decayed
 
@@ -187,6 +187,18 @@ def test_weight_decay_is_independent_and_skips_norms():
 def test_bad_configs_are_clear_errors(overrides, words):
     with pytest.raises(ValueError, match=words):
         TrainConfig(**overrides)
+
+
+def test_mqar_quick_config_defaults():
+    from attnscale.train import build_model, build_task
+
+    cfg = TrainConfig()
+    task = build_task(cfg)
+    assert (task.name, task.seq_len, task.vocab_size, task.num_kv_pairs) == ("mqar", 64, 256, 4)
+    model = build_model(cfg, task)
+    assert model.blocks[0].mlp is None and model.config.n_heads == 1
+    assert TrainConfig(task="text").use_mlp and not TrainConfig(mlp=False, task="text").use_mlp
+    assert build_task(TrainConfig(num_kv_pairs=8)).num_kv_pairs == 8
 
 
 def test_config_round_trips():

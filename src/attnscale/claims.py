@@ -95,14 +95,26 @@ def judge_c2(ev: Evidence) -> Verdict:
 # C3, C4: cosine on tasks
 # --------------------------------------------------------------------------------------------
 
+NOT_LEARNED = (". Guard: if scaled_dot's accuracy CI stays below twice chance the task was not "
+               "learned and the verdict is depends (inconclusive)")
 C3_RULE = ("On the salience task (the relevant key is marked only by its norm): supported if "
            "scaled_dot's accuracy is above EVERY cosine variant (τ=1, τ=10, learned τ) by more "
            "than 0.05 with non-overlapping 95% CIs; refuted if the best cosine variant's CI "
            "reaches scaled_dot's mean or higher; depends otherwise")
 
 
+def _not_learned(acc: dict, chance: float) -> bool:
+    """The baseline's accuracy CI does not clear twice chance: the task was not learned."""
+    hi = acc["hi"] if acc.get("hi") is not None else acc["mean"]
+    return hi < 2 * chance
+
+
 def judge_c3(ev: Evidence) -> Verdict:
     dot = ev["accuracy"]["scaled_dot"]
+    if _not_learned(dot, ev["chance"]):
+        return Verdict(DEPENDS, C3_RULE + NOT_LEARNED,
+                       f"inconclusive: scaled_dot reached only {_ci(dot)} accuracy (chance "
+                       f"{ev['chance']:.3g}); this budget does not learn the task")
     cosines = {k: v for k, v in ev["accuracy"].items() if k.startswith("cosine")}
     best_name = max(cosines, key=lambda k: cosines[k]["mean"])
     best = cosines[best_name]
@@ -129,6 +141,11 @@ C4_RULE = ("Theory: the largest weight bounded logits in [−τ, τ] allow over 
 def judge_c4(ev: Evidence) -> Verdict:
     acc = ev["accuracy"]
     ref = acc["scaled_dot"]["mean"]
+    if _not_learned(acc["scaled_dot"], ev["chance"]):
+        return Verdict(DEPENDS, C4_RULE + NOT_LEARNED,
+                       f"inconclusive: scaled_dot reached only {ref:.3f} MQAR accuracy (chance "
+                       f"{ev['chance']:.3g}); the bound itself: max weight ≤ "
+                       f"{ev['max_weight_bound']:.4f} at τ=1, n={ev['n']}")
     tau1 = acc["cosine_tau1"]["mean"]
     rescued = max(acc[k]["mean"] for k in acc if k.startswith("cosine") and k != "cosine_tau1")
     if tau1 >= 0.8 * ref:
@@ -357,7 +374,8 @@ def judge_c10(ev: Evidence) -> Verdict:
 
 
 C12_RULE = ("Supported if scaled_dot's logit std at init is O(1) (between 0.25 and 4) at every "
-            "d_k AND after training its max |logit| stays below 4·s_c(n); depends if O(1) at "
+            "d_k AND after training at its best LR its max |logit| stays below 4·s_c(n); "
+            "depends if O(1) at "
             "init but trained logits grow past that (learned q, k grow, as µP argues); refuted if "
             "init logits are not O(1)")
 
@@ -396,7 +414,8 @@ def judge_q1(ev: Evidence) -> Verdict:
     hits = [bool(g) for _, g in per_task]
     verdict = SUPPORTED if all(hits) else REFUTED if not any(hits) else DEPENDS
     text = "; ".join(f"{t}: {', '.join(g) or 'none'}" for t, g in per_task)
-    return Verdict(verdict, Q1_RULE, f"scores matching scaled_dot with lower LR sensitivity — {text}")
+    return Verdict(verdict, Q1_RULE,
+                   f"scores matching scaled_dot with lower LR sensitivity — {text}")
 
 
 Q2_RULE = ("all-MiniLM-L6-v2 on real text. Hypothesis: logits are O(1) per head (mean logit std "
@@ -428,6 +447,11 @@ Q3_RULE = ("Length task trained at n, evaluated at 2n and 4n. Hypothesis: log-le
 def judge_q3(ev: Evidence) -> Verdict:
     acc = ev["accuracy"]  # {"scaled_dot": {"n=64": ci, ...}, "log_length": {...}}
     lengths = sorted(acc["scaled_dot"], key=lambda k: int(k.split("=")[1]))
+    train_len = lengths[0]
+    if "chance" in ev and _not_learned(acc["scaled_dot"][train_len], ev["chance"]):
+        return Verdict(DEPENDS, Q3_RULE + NOT_LEARNED,
+                       f"inconclusive: scaled_dot reached only {_ci(acc['scaled_dot'][train_len])} "
+                       f"at the training length {train_len} (chance {ev['chance']:.3g})")
     longest = lengths[-1]
     if _above(acc["log_length"][longest], acc["scaled_dot"][longest]):
         verdict = SUPPORTED

@@ -244,24 +244,27 @@ def results(
 
 
 def _print_runs(runs: list[dict]) -> None:
+    from rich import box
+
     from attnscale.analysis import group_key
 
-    table = Table(title=f"{len(runs)} runs")
-    for col in ("id", "score", "lr", "seed", "status", "final loss", "metric", "diverged at"):
-        table.add_column(col, justify="left" if col in ("id", "score", "status") else "right")
+    table = Table(title=f"{len(runs)} runs", box=box.SIMPLE_HEAD)
+    for col in ("id", "score", "lr", "seed", "status", "loss", "metric", "diverged"):
+        left = col in ("id", "score", "status")
+        table.add_column(col, justify="left" if left else "right", no_wrap=True)
     for r in runs:
         cfg = r["config"] or {}
         table.add_row(
             r["id"],
             group_key(r),
-            str(cfg.get("lr", "-")),
+            _fmt(cfg.get("lr"), "g"),
             str(cfg.get("seed", "-")),
             r["status"],
             _fmt(r["final_loss"], ".4f"),
             _fmt(r["final_metric"], ".4f"),
             "-" if r["diverged_step"] is None else str(r["diverged_step"]),
         )
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 120).print(table)  # piped: do not truncate
 
 
 # Option names for TrainConfig fields whose flag is not the field name with dashes.

@@ -86,7 +86,7 @@ PRESETS: dict[str, Preset] = {
                     lr_scores=("scaled_dot", "dot", "cosine_tau1", "cosine_tau10",
                                "cosine_learned", "qk_layernorm"), dk_lrs=(1e-2,)),
     "standard": Preset("standard", seeds=(0, 1), lrs=(3e-3, 1e-2, 3e-2, 1e-1),
-                       widths=(32, 64), steps=400, text_steps=300, head_dims=(8, 32, 64),
+                       widths=(32, 64), steps=300, text_steps=250, head_dims=(8, 32, 64),
                        bench_n=(256, 1024), bench_repeats=3, mc_samples=1000,
                        inspect_sentences=64, lr_scores=ALL_VARIANTS, dk_lrs=(3e-3, 1e-2)),
     "full": Preset("full", seeds=(0, 1, 2), lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
@@ -98,16 +98,19 @@ PRESETS: dict[str, Preset] = {
 # The thread's alternatives, the modern ones and the baseline, for the MQAR accuracy study.
 MQAR_VARIANTS = ("scaled_dot", "dot", "cosine_tau1", "cosine_tau10", "cosine_learned",
                  "qk_layernorm")
-# A small MQAR (Zoology's layout, fewer pairs and a smaller vocabulary) so CPU sweeps fit.
-MQAR = {"task": "mqar", "seq_len": 32, "num_kv_pairs": 4, "vocab_size": 64, "n_layers": 2,
-        "n_heads": 2, "batch_size": 32}
+# MQAR in Zoology's layout with 4 pairs and a 256-token vocabulary; an attention-only 2-layer,
+# 1-head model learns it in a few hundred steps on most seeds (the training lab's calibration).
+MQAR = {"task": "mqar", "seq_len": 64, "num_kv_pairs": 4, "vocab_size": 256, "n_layers": 2,
+        "n_heads": 1, "d_model": 128, "mlp": False, "batch_size": 64}
+MQAR_STEPS = {"tiny": 8, "quick": 200, "standard": 600, "full": 1200}
 TEXT = {"task": "text", "seq_len": 64, "n_heads": 2, "n_layers": 2, "batch_size": 16}
 
 
 def study_specs(p: Preset) -> dict[str, dict[str, Any]]:
     """The training studies of preset ``p`` as sweep specs ({name, base, axes, variant}).
 
-    lr_text: every score × LR grid × width × seed on char-level text (C6, C11, C12, Q1);
+    lr_text: every score × LR grid × seed on char-level text at the wider width (C6, C12, Q1),
+    lr_text_narrow: the same at the narrower widths, one seed (C11 compares widths);
     lr_mqar: cosine variants and baselines on MQAR (C4, C6); salience (C3); head_dim: unscaled
     vs scaled over d_k at one head (C7, C13); length: train at n, test at 2n, 4n (Q3).
     """
@@ -120,14 +123,17 @@ def study_specs(p: Preset) -> dict[str, dict[str, Any]]:
     text_run = {"steps": p.text_steps, "warmup_steps": min(25, p.text_steps // 4),
                 "log_every": max(1, min(50, p.text_steps // 4))}
     mqar_scores = [v for v in MQAR_VARIANTS if v in p.lr_scores]
+    mqar_steps = MQAR_STEPS.get(p.name, p.steps)
     two_seeds = list(p.seeds) + [s + 10 for s in p.seeds]
-    return {
-        "lr_text": {"name": "lr_text", "base": {**TEXT, **text_run},
-                    "axes": {"lr": list(p.lrs), "d_model": list(p.widths),
-                             "seed": list(p.seeds)},
+    wide, narrow = p.widths[-1], p.widths[:-1]
+    specs = {
+        "lr_text": {"name": "lr_text", "base": {**TEXT, **text_run, "d_model": wide},
+                    "axes": {"lr": list(p.lrs), "seed": list(p.seeds)},
                     "variant": variants(p.lr_scores)},
-        "lr_mqar": {"name": "lr_mqar", "base": {**MQAR, **run, "d_model": p.widths[-1]},
-                    "axes": {"lr": list(p.dk_lrs), "seed": list(p.seeds)},
+        "lr_mqar": {"name": "lr_mqar",
+                    "base": {**MQAR, "steps": mqar_steps, "warmup_steps": min(25, mqar_steps // 4),
+                             "log_every": max(1, min(100, mqar_steps // 4)), "lr": 3e-3},
+                    "axes": {"seed": list(p.seeds)},
                     "variant": variants(mqar_scores)},
         "salience": {"name": "salience",
                      "base": {"task": "salience", "d_model": p.widths[-1], "n_heads": 2,
@@ -145,6 +151,12 @@ def study_specs(p: Preset) -> dict[str, dict[str, Any]]:
                    "axes": {"seed": two_seeds},
                    "variant": variants(("scaled_dot", "log_length"))},
     }
+    if narrow:  # the second width of the LR sweep (C11), one seed
+        specs["lr_text_narrow"] = {
+            "name": "lr_text_narrow", "base": {**TEXT, **text_run},
+            "axes": {"lr": list(p.lrs), "d_model": list(narrow), "seed": list(p.seeds[:1])},
+            "variant": variants(p.lr_scores)}
+    return specs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,11 +264,17 @@ def measure_implementation() -> dict[str, Any]:
 
 
 def measure_bench(p: Preset) -> dict[str, Any]:
-    """C5: every score against SDPA (B=8, H=8, D=64, float32, fwd+bwd)."""
+    """C5: every score against SDPA at the largest N; cosine and scaled_dot at every N
+    (B=8, H=8, D=64, float32, fwd+bwd)."""
     from attnscale import bench
 
-    rows, facts = bench.run(n_values=p.bench_n, causal_values=(False,), repeats=p.bench_repeats,
+    rows, facts = bench.run(n_values=p.bench_n[-1:], causal_values=(False,),
+                            repeats=p.bench_repeats, naive=False)
+    if len(p.bench_n) > 1:
+        more, _ = bench.run(n_values=p.bench_n[:-1], causal_values=(False,),
+                            scores=("scaled_dot", "cosine"), repeats=p.bench_repeats,
                             naive=False)
+        rows = more + rows
     return {"rows": [r.to_dict() for r in rows], "facts": facts}
 
 
@@ -382,7 +400,7 @@ def evidence_lr(store) -> dict[str, Any]:
                 out["accuracy"][name] = _ci(r["final_metric"] or 0.0 for r in rs
                                             if r["config"]["lr"] == best_lr)
         if task == "text":
-            out["by_width"] = _by_width(runs)
+            out["by_width"] = _by_width(runs + _runs(store, "lr_text_narrow"))
     return out
 
 
@@ -406,20 +424,25 @@ def _by_width(runs: list[dict]) -> dict[str, dict[str, Any]]:
 
 
 def evidence_trained_logits(store, n: int) -> dict[str, Any]:
-    """C12: scaled_dot's max |logit| at the end of training vs at its first logged step."""
+    """C12: scaled_dot's max |logit| at the end of training, at its best LR (per width), and
+    its growth from the first logged step."""
     from attnscale import analysis
 
-    runs = [r for r in _runs(store, "lr_text") if r.get("variant") == "scaled_dot"
-            and r["status"] == "done"]
-    finals, growth = [], []
-    for r in runs:
-        curve = analysis.max_logit_curve(r)
-        if curve:
+    runs = [r for r in _runs(store, "lr_text") if r.get("variant") == "scaled_dot"]
+    finals, growth, used = [], [], []
+    for (_, _), rs in analysis.group_runs(runs, by=["d_model"]).items():
+        _, best_lr = analysis.best_loss(rs)
+        for r in rs:
+            curve = analysis.max_logit_curve(r)
+            if r["config"]["lr"] != best_lr or not curve:
+                continue
             finals.append(curve[-1][1])
             growth.append(curve[-1][1] / max(curve[0][1], 1e-9))
+            used.append(r["id"])
+    all_peaks = [v for v in (analysis.peak_max_logit(r) for r in runs) if v is not None]
     return {"trained_max_abs_logit": max(finals) if finals else float("nan"),
             "growth": float(np.median(growth)) if growth else float("nan"), "n": n,
-            "runs": [r["id"] for r in runs]}
+            "max_over_lr_grid": max(all_peaks) if all_peaks else None, "runs": used}
 
 
 def evidence_salience(store) -> dict[str, Any]:
@@ -453,7 +476,10 @@ def evidence_length(store) -> dict[str, Any]:
             if key.startswith("n="):
                 metric = value.get("metric") if isinstance(value, dict) else value
                 acc.setdefault(r["variant"], {}).setdefault(key, []).append(metric or 0.0)
+    from attnscale.tasks import make_task
+
     return {"accuracy": {v: {k: _ci(x) for k, x in d.items()} for v, d in acc.items()},
+            "chance": float(make_task("length").chance_level),
             "runs": [r["id"] for r in runs]}
 
 
@@ -534,6 +560,7 @@ def collect_evidence(state: ReportState) -> None:
                             if k == "scaled_dot" or k.startswith("cosine")},
                "max_weight_bound": float(theory.max_weight_bound(512, 1.0)), "n": 512,
                "bound_at_task_length": float(theory.max_weight_bound(mqar_n, 1.0)),
+               "chance": 1 / MQAR["num_kv_pairs"],
                "runs": lr["runs"]},
         "C5": {"ratio_by_n": ratio},
         "C6": {"best_loss": lr["best_loss"], "runs": lr["runs"]},
