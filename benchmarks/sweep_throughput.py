@@ -114,10 +114,13 @@ def ray_overhead(runs: int, tmp: Path) -> dict:
         out[kind] = {
             "startup_s": r["startup_s"],
             "mean_overhead_s": statistics.mean(warm),
+            "median_overhead_s": statistics.median(warm),
             "max_overhead_s": max(warm),
             "runs": len(warm),
         }
-    out["ray_minus_local_s"] = out["ray"]["mean_overhead_s"] - out["local"]["mean_overhead_s"]
+    for stat in ("mean", "median"):
+        key = f"{stat}_overhead_s"
+        out[f"ray_minus_local_{stat}_s"] = out["ray"][key] - out["local"][key]
     return out
 
 
@@ -152,9 +155,11 @@ def main() -> None:
     if isinstance(report.get("ray"), dict):
         r = report["ray"]
         print(
-            f"per-run overhead: local {r['local']['mean_overhead_s'] * 1e3:.0f} ms, "
-            f"ray {r['ray']['mean_overhead_s'] * 1e3:.0f} ms "
-            f"(ray start-up {r['ray']['startup_s']:.1f} s)",
+            f"per-run overhead, mean (median): local {r['local']['mean_overhead_s'] * 1e3:.0f} "
+            f"({r['local']['median_overhead_s'] * 1e3:.0f}) ms, "
+            f"ray {r['ray']['mean_overhead_s'] * 1e3:.0f} "
+            f"({r['ray']['median_overhead_s'] * 1e3:.0f}) ms; "
+            f"ray start-up {r['ray']['startup_s']:.1f} s",
             file=sys.stderr,
         )
 

@@ -101,8 +101,8 @@ MQAR_VARIANTS = ("scaled_dot", "dot", "cosine_tau1", "cosine_tau10", "cosine_lea
 # MQAR in Zoology's layout with 4 pairs and a 256-token vocabulary; an attention-only 2-layer,
 # 1-head model learns it in a few hundred steps on most seeds (the training lab's calibration).
 MQAR = {"task": "mqar", "seq_len": 64, "num_kv_pairs": 4, "vocab_size": 256, "n_layers": 2,
-        "n_heads": 1, "d_model": 128, "mlp": False, "batch_size": 64}
-MQAR_STEPS = {"tiny": 8, "quick": 200, "standard": 600, "full": 1200}
+        "n_heads": 1, "d_model": 128, "mlp": False, "batch_size": 32}
+MQAR_STEPS = {"tiny": 8, "quick": 200, "standard": 500, "full": 1500}
 TEXT = {"task": "text", "seq_len": 64, "n_heads": 2, "n_layers": 2, "batch_size": 16}
 
 

@@ -172,7 +172,8 @@ class Store:
             c.executemany(
                 "UPDATE runs SET status = 'queued', error = NULL, worker = NULL, queued_at = ?, "
                 "started_at = NULL, finished_at = NULL, elapsed_s = NULL, final_loss = NULL, "
-                "final_metric = NULL, diverged_step = NULL, steps = NULL, initial_loss = NULL "
+                "final_metric = NULL, diverged_step = NULL, steps = NULL, initial_loss = NULL, "
+                "final_metrics = NULL "
                 "WHERE id = ?",
                 [(now, i) for i in ids],
             )
