@@ -172,6 +172,7 @@ def test_q1():
                       ).verdict == "refuted"
     assert C.judge_q1({"by_task": {"mqar": q1_rows(1.0, 0.1), "text": q1_rows(2.0, 0.1)}}
                       ).verdict == "depends"
+    assert C.judge_q1({"by_task": {}}).verdict == "depends"
 
 
 def test_q2():

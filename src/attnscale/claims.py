@@ -404,6 +404,8 @@ Q1_RULE = ("Hypothesis (Wortsman et al. 2023): the normalized or capped scores (
 
 def judge_q1(ev: Evidence) -> Verdict:
     modern = ("qk_layernorm", "qk_rmsnorm", "softcap", "cosine_learned")
+    if not ev["by_task"]:
+        return Verdict(DEPENDS, Q1_RULE, "inconclusive: no task was swept over an LR grid")
     per_task = []
     for task, rows in ev["by_task"].items():  # rows: score -> {"best_loss", "lr_sensitivity"}
         sd = rows["scaled_dot"]

@@ -388,17 +388,21 @@ def evidence_lr(store) -> dict[str, Any]:
         out["runs"] += [r["id"] for r in runs]
         widest = max((r["config"]["d_model"] for r in runs), default=None)
         groups = analysis.group_runs([r for r in runs if r["config"]["d_model"] == widest])
-        out["best_loss"][task], out["by_task"][task] = {}, {}
+        out["best_loss"][task] = {}
+        if len({r["config"]["lr"] for r in runs}) > 1:  # LR sensitivity needs an LR grid (Q1)
+            out["by_task"][task] = {}
         for (name,), rs in groups.items():
             loss, best_lr = _best_lr_ci(rs)
             out["best_loss"][task][name] = loss
+            if task == "mqar":
+                out["accuracy"][name] = _ci(r["final_metric"] or 0.0 for r in rs
+                                            if r["config"]["lr"] == best_lr)
+            if task not in out["by_task"]:
+                continue
             out["by_task"][task][name] = {"best_loss": loss, "best_lr": best_lr,
                                           "lr_sensitivity": analysis.lr_sensitivity(rs),
                                           "divergence_rate": analysis.divergence_rate(rs) or 0.0,
                                           "stable_lrs": analysis.stable_lrs(rs)}
-            if task == "mqar":
-                out["accuracy"][name] = _ci(r["final_metric"] or 0.0 for r in rs
-                                            if r["config"]["lr"] == best_lr)
         if task == "text":
             out["by_width"] = _by_width(runs + _runs(store, "lr_text_narrow"))
     return out
