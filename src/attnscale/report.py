@@ -590,13 +590,14 @@ def judge_all(state: ReportState) -> tuple[list[dict], list[dict]]:
         ev = state.evidence[claim.id]
         try:
             v = claim.judge(ev)
-            verdict, because, numbers = v.verdict, v.because, v.numbers
+            verdict, rule, because, numbers = v.verdict, v.rule, v.because, v.numbers
         except (KeyError, ValueError, ZeroDivisionError, TypeError) as e:
             # Missing measurements (e.g. every run of a study failed): say so, judge nothing.
-            verdict, because, numbers = C.DEPENDS, f"not enough data to apply the rule ({e!r})", {}
+            verdict, rule, numbers = C.DEPENDS, claim.rule, {}
+            because = f"inconclusive: not enough data to apply the rule ({e!r})"
         return {
             "id": claim.id, "claim": claim.text, "measures": claim.measures,
-            "verdict": verdict, "rule": claim.rule, "because": because,
+            "verdict": verdict, "rule": rule, "because": because,
             "thread_wrong": claim.thread_wrong if verdict != C.SUPPORTED else "",
             "evidence": _jsonable({k: v for k, v in ev.items() if k != "runs"}),
             "numbers": _jsonable(numbers),
