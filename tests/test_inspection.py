@@ -32,7 +32,8 @@ def test_minilm_result_shape(minilm):
         for h in layer["heads"]:
             assert set(h) == KEYS
             assert 0 < h["entropy"] <= h["entropy_uniform"] + 1e-6
-            assert 1 <= h["effective_keys"] <= math.exp(h["entropy_uniform"]) + 1e-6
+            assert h["effective_keys"] >= 1.0
+            assert h["effective_keys"] <= math.exp(h["entropy_uniform"]) + 1e-6
     assert minilm["n_tokens"] > 8 * 5
 
 

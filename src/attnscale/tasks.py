@@ -33,6 +33,7 @@ import hashlib
 import inspect
 import math
 import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -177,7 +178,7 @@ def _check_logits(logits: Tensor, batch: Batch, vocab_size: int) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-class Task:
+class Task(ABC):
     """Common interface. Subclasses set the attributes and implement :meth:`_sample`.
 
     Attributes: ``name``, ``vocab_size``, ``seq_len`` (training length), ``causal`` (True:
@@ -230,8 +231,9 @@ class Task:
         return [self._sample(self.generator(split, i), self.eval_batch_size, length)
                 for i in range(n)]
 
+    @abstractmethod
     def _sample(self, g: torch.Generator, batch_size: int, length: int) -> Batch:
-        raise NotImplementedError
+        """One batch of ``batch_size`` sequences of ``length`` tokens drawn with ``g``."""
 
     def _set_eval_sizes(self, eval_size: int, eval_batch_size: int | None) -> None:
         self.eval_size = _check_int("eval_size", eval_size)
