@@ -7,7 +7,8 @@ told otherwise) through the same loop, ``attnscale.train.Trainer`` (same batches
 schedule, one history row every ``log_every`` = 25 steps):
 
 * ``attnscale``: :class:`attnscale.models.GPT`, attention statistics logged in every row (one
-  extra no-grad forward with the capture hook, then ``attnscale.stats.attention_stats``);
+  extra no-grad forward of 16 sequences with the capture hook, then
+  ``attnscale.stats.attention_stats``);
 * ``attnscale_nostats``: the same without statistics (the cost of the model code alone);
 * ``sdpa``: :class:`PlainGPT` below, a minimal pre-LN GPT on ``F.scaled_dot_product_attention``
   with a fused qkv projection, loaded with the *same weights* (so both compute the same function;
@@ -138,7 +139,10 @@ def measure(cfg: TrainConfig, blocks: int) -> dict:
     }
     arms["sdpa"] = Trainer(cfg, model=plain_copy(arms["attnscale"].model))
     batch = arms["sdpa"].task.train_batch(0, 4)
-    diff = (arms["attnscale"].model(batch.tokens) - arms["sdpa"].model(batch.tokens)).abs().max()
+    with torch.no_grad():
+        diff = (arms["attnscale"].model(batch.tokens) - arms["sdpa"].model(batch.tokens)).abs()
+    if diff.max() > 1e-4:
+        raise RuntimeError(f"the plain model is not the same function (max |Δ| {diff.max():.2e})")
     times: dict[str, list[float]] = {name: [] for name in arms}
     names = list(arms)
     for i in range(blocks + 1):  # block 0 warms up and is dropped
@@ -154,7 +158,7 @@ def measure(cfg: TrainConfig, blocks: int) -> dict:
         "config": cfg.model_dump(),
         "blocks": blocks,
         "steps_per_block": every,
-        "max_abs_logit_difference_at_init": float(diff),
+        "max_abs_logit_difference_at_init": diff.max().item(),
         "step_s": median,
         "ratio_vs_sdpa": {name: median[name] / median["sdpa"] for name in arms},
         "paired_ratio_median": statistics.median(

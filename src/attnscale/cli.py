@@ -271,7 +271,9 @@ def _print_runs(runs: list[dict]) -> None:
 _TRAIN_FLAGS = {"n_heads": "--heads", "n_kv_heads": "--kv-heads", "n_layers": "--layers"}
 
 
-def _with_train_options(command):
+def _with_train_options(
+    command: typer.models.CommandFunctionType,
+) -> typer.models.CommandFunctionType:
     """Add one option per ``attnscale.train.TrainConfig`` field to ``command``'s signature.
 
     Every option defaults to None, meaning "the config's default", so the CLI and the config
@@ -293,7 +295,9 @@ def _with_train_options(command):
         flag = _TRAIN_FLAGS.get(name, "--" + name.replace("_", "-"))
         decls = [f"{flag}/--no-{flag[2:]}"] if kind is bool else [flag]
         note = f" One of: {', '.join(choices)}." if choices else ""
-        option = typer.Option(*decls, help=f"{info.description}{note} [default: {info.default}]")
+        if info.default is not None:
+            note += f" [default: {info.default}]"
+        option = typer.Option(*decls, help=f"{info.description}{note}")
         annotation = Annotated[kind | None, option]
         kw_only = inspect.Parameter.KEYWORD_ONLY
         params.append(inspect.Parameter(name, kw_only, default=None, annotation=annotation))
@@ -302,7 +306,7 @@ def _with_train_options(command):
     return command
 
 
-def _cli_type(annotation) -> tuple[type, tuple[str, ...]]:
+def _cli_type(annotation: object) -> tuple[object, tuple[str, ...]]:
     """The click-parsable type of a config field (Literal -> str with its choices)."""
     import types
     import typing
@@ -319,7 +323,7 @@ def _cli_type(annotation) -> tuple[type, tuple[str, ...]]:
 @_with_train_options
 def train(
     as_json: Annotated[bool, typer.Option("--json", help="Print the run record as JSON.")] = False,
-    **options,
+    **options: object,
 ) -> None:
     """Train one model: attnscale train --task mqar --score cosine --tau 1 --lr 3e-3 --steps 500.
 
@@ -337,7 +341,7 @@ def train(
         _print_train_summary(result)
 
 
-def _train_config(values: dict):
+def _train_config(values: dict[str, object]) -> object:
     """TrainConfig from CLI values; a validation error becomes one readable ValueError."""
     from pydantic import ValidationError
 
@@ -383,7 +387,7 @@ def _train_progress(total: int):
     return bar()
 
 
-def _print_train_summary(result) -> None:
+def _print_train_summary(result: object) -> None:
     last = result.history[-1] if result.history else {}
     table = Table(title=f"train {result.config['task']} / {result.config['score']}")
     table.add_column("quantity")
