@@ -256,3 +256,20 @@ def test_cli_bad_option_is_one_line_exit_2(args, words, monkeypatch, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err
+
+
+def test_training_statistics_come_from_the_monitor(monkeypatch):
+    """Issue 6: the training lab logs the statistics through attnscale.monitor."""
+    from attnscale.monitor import Monitor
+
+    recorded = []
+    original = Monitor.record
+
+    def spy(self, module, q, k, call):
+        recorded.append(module)
+        return original(self, module, q, k, call)
+
+    monkeypatch.setattr(Monitor, "record", spy)
+    result = run({**TINY, "n_layers": 2, "steps": 3, "log_every": 10})
+    assert len(recorded) == 2 * 2  # two layers, logged at steps 0 and 2
+    assert len(result.history[0]["layers"]) == 2

@@ -55,9 +55,18 @@ class Monitor:
             is watched through its attention interface.
         counterfactuals: also record the statistics under the scores in :data:`COUNTERFACTUALS`.
         every: record one call in ``every`` per layer (1 = every call).
+        compile: fuse the statistics with ``torch.compile`` (about 10× less time per call once
+            compiled; the first call compiles, a few seconds with a warm inductor cache, longer
+            cold). Off by default so that short runs pay nothing up front.
     """
 
-    def __init__(self, model: nn.Module, counterfactuals: bool = False, every: int = 1) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        counterfactuals: bool = False,
+        every: int = 1,
+        compile: bool = False,
+    ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(every, int) or every < 1:
@@ -65,6 +74,7 @@ class Monitor:
         self.model = model
         self.counterfactuals = counterfactuals
         self.every = every
+        self.compile = bool(compile)
         self.query_mask: Tensor | None = None
         self.names = {id(m): name for name, m in model.named_modules()}
         self._acc: dict[str, dict[str, StatsAccumulator]] = {}
@@ -123,7 +133,7 @@ class Monitor:
         accs = self._acc.setdefault(name, {})
         qmask = self.query_mask if _fits(self.query_mask, q) else None
         for label, kwargs in variants.items():
-            acc = accs.setdefault(label, StatsAccumulator(q.shape[1]))
+            acc = accs.setdefault(label, StatsAccumulator(q.shape[1], compile=self.compile))
             acc.update(q, k, query_mask=qmask, **kwargs)
 
     # -- sources --------------------------------------------------------------------------------

@@ -168,14 +168,17 @@ class StatsAccumulator:
     """Running per-head sums over many attention calls; :meth:`result` gives the statistics.
 
     Block math runs in float32 (float64 for float64 inputs); sums accumulate in float64.
+    ``compile=True`` runs the per-block row reductions through ``torch.compile`` (one fused pass
+    instead of about a dozen; the first call compiles, a few seconds with a warm cache).
     """
 
     ROW_FIELDS = ("entropy", "entropy_uniform", "max_weight", "effective_keys",
                   "saturated_fraction", "jacobian_norm", "logsumexp", "z_loss")
 
-    def __init__(self, heads: int) -> None:
+    def __init__(self, heads: int, compile: bool = False) -> None:
         z = lambda: np.zeros(heads)  # noqa: E731
         self.heads = heads
+        self.compile = compile
         self.rows, self.norm_rows, self.entries = z(), z(), z()
         self.row_sums = {name: z() for name in self.ROW_FIELDS}
         self.norm_entropy = z()
@@ -194,7 +197,11 @@ class StatsAccumulator:
         query_mask: Tensor | None = None,
         **score_params: Any,
     ) -> None:
-        """Add the attention of one call, given as in :func:`attnscale.attention`."""
+        """Add the attention of one call, given as in :func:`attnscale.attention`.
+
+        The logits come from the score's fast path (``prepare``, or ``mod`` for soft-capping),
+        which the attention tests hold equal to its reference formula.
+        """
         sc = get_score(score)
         params = resolve_params(sc, score_params, scale)
         q, k, _, _ = _check_inputs(query, key, key, attn_mask, 0.0, is_causal, enable_gqa)
@@ -206,13 +213,14 @@ class StatsAccumulator:
         b, h, nq, d = q.shape
         mask = _normalize_mask(attn_mask, q.dtype)
         qmask = _query_mask(query_mask, b, nq)
+        work = torch.float64 if q.dtype == torch.float64 else torch.float32
         with torch.no_grad():
             nk = k.shape[-2]
             for rows, keep, bias in _blocks(mask, is_causal, (b, h, nq, nk), q.device):
                 ctx = Context(head_dim=d, n_visible=lambda keep=keep: _n_visible(keep, nk))
-                logits = sc.formula(q[:, :, rows], k, scale, params, ctx)  # (B, H, c, Nk)
+                logits = _score_block(sc, params, q[:, :, rows], k, scale, ctx, work)
                 rows_kept = None if qmask is None else qmask[:, None, rows]
-                self.add(logits if bias is None else logits + bias, keep, rows_kept)
+                self.add(_apply_mask(logits, keep, bias, inplace=True), rows_kept)
 
     def update_logits(
         self,
@@ -230,65 +238,32 @@ class StatsAccumulator:
         if mask is not None:
             _broadcast_mask(mask, (b, h, nq, nk))
         qmask = _query_mask(query_mask, b, nq)
+        work = torch.float64 if logits.dtype == torch.float64 else torch.float32
         with torch.no_grad():
             for rows, keep, bias in _blocks(mask, is_causal, (b, h, nq, nk), logits.device):
-                block = logits[:, :, rows]
+                block = logits[:, :, rows].to(work)
                 rows_kept = None if qmask is None else qmask[:, None, rows]
-                self.add(block if bias is None else block + bias, keep, rows_kept)
+                self.add(_apply_mask(block, keep, bias, inplace=False), rows_kept)
 
     def _check_heads(self, heads: int) -> None:
         if heads != self.heads:
             raise ValueError(f"this accumulator has {self.heads} heads, got {heads}")
 
-    def add(self, logits: Tensor, keep: Tensor | None, rows_kept: Tensor | None = None) -> None:
-        """Add one block of logits (B, H, c, Nk). ``keep`` (broadcastable bool) marks visible
-        keys, None = all visible; ``rows_kept`` (B, 1, c) bool drops query rows."""
-        # Every full-size (B, H, c, Nk) pass costs; row-level (B, H, c) work is cheap.
-        if logits.dtype != torch.float64:
+    def add(self, logits: Tensor, rows_kept: Tensor | None = None) -> None:
+        """Add one block of masked logits (B, H, c, Nk): −inf marks a key the query does not see.
+        ``rows_kept`` (B, 1, c) bool drops query rows."""
+        if logits.dtype not in (torch.float32, torch.float64):
             logits = logits.float()
-        b, h, c, nk = logits.shape
-        if keep is None:
-            masked, visible = logits, logits
-            n_vis = torch.full((b, h, c), nk, dtype=logits.dtype, device=logits.device)
-        else:
-            keep = keep.expand(logits.shape)
-            masked = logits.masked_fill(~keep, float("-inf"))
-            visible = logits.masked_fill(~keep, 0.0)
-            n_vis = keep.sum(-1).to(logits.dtype)  # (B, H, c)
-        lse = torch.logsumexp(masked, dim=-1)  # (B, H, c), −inf on fully masked rows
-        valid = torch.isfinite(lse)
-        logp = masked - lse.masked_fill(~valid, 0.0).unsqueeze(-1)
-        p = logp.exp()  # 0 on masked keys
-        if keep is not None:
-            logp.clamp_(min=torch.finfo(logp.dtype).min)  # p·logp = 0, not NaN, where p = 0
-        s2 = torch.linalg.vecdot(p, p)
-        s3 = torch.linalg.vecdot(p * p, p)
-        max_weight = p.amax(-1)
-        per_row = {
-            "entropy": -torch.linalg.vecdot(p, logp),
-            "entropy_uniform": torch.log(n_vis.clamp_min(1)),
-            "max_weight": max_weight,
-            "effective_keys": 1.0 / s2.clamp_min(1e-30),
-            "saturated_fraction": (max_weight > SATURATION).to(logits.dtype),
-            "jacobian_norm": (s2 - 2 * s3 + s2 * s2).clamp_min(0).sqrt(),
-            "logsumexp": lse,
-            "z_loss": lse * lse,
-        }
-        if rows_kept is not None:
-            valid = valid & rows_kept
-        zero = torch.zeros((), dtype=logits.dtype, device=logits.device)
-        for name, value in per_row.items():
-            self.row_sums[name] += _head_sum(torch.where(valid, value, zero))
-        self.rows += _head_sum(valid)
-        wide = valid & (n_vis >= 2)
-        ent_norm = per_row["entropy"] / torch.log(n_vis.clamp_min(2))
-        self.norm_entropy += _head_sum(torch.where(wide, ent_norm, zero))
-        self.norm_rows += _head_sum(wide)
-        self.entries += _head_sum(torch.where(valid, n_vis, zero))
-        self.logit_sum += _head_sum(torch.where(valid, visible.sum(-1), zero))
-        self.logit_sq += _head_sum(torch.where(valid, torch.linalg.vecdot(visible, visible), zero))
-        row_max = torch.maximum(visible.amax(-1), -visible.amin(-1))  # max |logit| per row
-        head_max = torch.where(valid, row_max, zero).amax(dim=(0, 2))
+        b, c = logits.shape[0], logits.shape[2]
+        if rows_kept is None:
+            rows_kept = torch.ones((b, 1, c), dtype=torch.bool, device=logits.device)
+        sums, head_max = _head_sums_fn(self.compile)(logits, rows_kept)
+        sums = sums.cpu().numpy()
+        for i, name in enumerate(SUM_FIELDS):
+            if name in self.row_sums:
+                self.row_sums[name] += sums[:, i]
+            else:
+                setattr(self, name, getattr(self, name) + sums[:, i])
         self.max_abs = np.maximum(self.max_abs, head_max.double().cpu().numpy())
 
     def result(self) -> AttentionStats:
@@ -307,9 +282,90 @@ class StatsAccumulator:
             )
 
 
-def _head_sum(x: Tensor) -> np.ndarray:
-    """Sum a row-level (B, H, c) tensor over batch and rows, in float64."""
-    return x.sum(dim=(0, 2), dtype=torch.float64).cpu().numpy()
+def _score_block(sc: Score, params, q: Tensor, k: Tensor, scale, ctx: Context, work) -> Tensor:
+    """Logits (B, H, c, Nk) of query rows ``q`` from the score's fast path, in ``work`` dtype."""
+    qp, kp, s = sc.prepare(q.to(work), k.to(work), scale, params, ctx)
+    z = (qp * s) @ kp.transpose(-2, -1)  # scaling the (c, d) queries, not the (c, Nk) block
+    return z if sc.mod is None else sc.mod(z, params)
+
+
+def _apply_mask(z: Tensor, keep: Tensor | None, bias: Tensor | None, inplace: bool) -> Tensor:
+    """Add the float mask and put −inf on hidden keys."""
+    if keep is None:
+        return z
+    if bias is not None:
+        z = z.add_(bias) if inplace else z + bias
+        inplace = True
+    return z.masked_fill_(~keep, float("-inf")) if inplace else z.masked_fill(~keep, float("-inf"))
+
+
+# The per-head sums :meth:`StatsAccumulator.add` keeps, in the order ``head_sums`` returns them.
+SUM_FIELDS = ("rows", *StatsAccumulator.ROW_FIELDS, "norm_entropy", "norm_rows", "entries",
+              "logit_sum", "logit_sq")
+
+
+def head_sums(z: Tensor, rows_kept: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-head sums of every row statistic of masked logits ``z`` (B, H, c, N).
+
+    −inf in ``z`` marks a hidden key; ``rows_kept`` (B, 1, c) bool drops query rows; a row with
+    no visible key is skipped. Per row, with m the max over visible keys and e = exp(ℓ − m):
+    ln Σ exp ℓ = m + ln Σe; H = ln Σe − Σe(ℓ − m)/Σe; max p = 1/Σe; Σp^k = Σe^k/(Σe)^k.
+    Returns the (H, len(SUM_FIELDS)) float64 sums over batch and rows, and max |ℓ| per head (H,).
+    Plain tensor code, one expression graph, so ``torch.compile`` fuses it into a few loops.
+    """
+    vis = z > float("-inf")
+    m = z.amax(-1, keepdim=True)
+    m = torch.where(m > float("-inf"), m, torch.zeros_like(m))  # fully masked row
+    zc = z - m
+    e = torch.exp(zc)
+    zc = torch.where(vis, zc, torch.zeros_like(zc))
+    zv = torch.where(vis, z, torch.zeros_like(z))
+    e2 = e * e
+    s0 = e.sum(-1)  # (B, H, c)
+    valid = (s0 > 0) & rows_kept
+    n_vis = vis.sum(-1).to(z.dtype)
+    s0 = s0.clamp_min(1e-30)
+    log_s0 = torch.log(s0)
+    lse = m.squeeze(-1) + log_s0
+    entropy = log_s0 - (e * zc).sum(-1) / s0
+    p2, p3 = e2.sum(-1) / (s0 * s0), (e2 * e).sum(-1) / (s0 * s0 * s0)  # Σp², Σp³
+    max_weight = 1.0 / s0  # the row maximum has e = 1
+    wide = valid & (n_vis >= 2)
+    per_row = [
+        torch.ones_like(s0),  # rows
+        entropy,
+        torch.log(n_vis.clamp_min(1)),  # entropy_uniform
+        max_weight,
+        1.0 / p2.clamp_min(1e-30),  # effective_keys
+        (max_weight > SATURATION).to(z.dtype),  # saturated_fraction
+        (p2 - 2 * p3 + p2 * p2).clamp_min(0).sqrt(),  # jacobian_norm, ANCHORS.md
+        lse,
+        lse * lse,  # z_loss
+    ]
+    per_row = [torch.where(valid, x, torch.zeros_like(x)) for x in per_row]
+    ent_norm = entropy / torch.log(n_vis.clamp_min(2))
+    per_row += [
+        torch.where(wide, ent_norm, torch.zeros_like(ent_norm)),  # norm_entropy
+        wide.to(z.dtype),  # norm_rows
+        torch.where(valid, n_vis, torch.zeros_like(n_vis)),  # entries
+        torch.where(valid, zv.sum(-1), torch.zeros_like(s0)),  # logit_sum
+        torch.where(valid, (zv * zv).sum(-1), torch.zeros_like(s0)),  # logit_sq
+    ]
+    sums = torch.stack(per_row, dim=-1).to(torch.float64).sum(dim=(0, 2))  # (H, F)
+    row_max = torch.where(valid, zv.abs().amax(-1), torch.zeros_like(s0))
+    return sums, row_max.amax(dim=(0, 2))
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def _head_sums_fn(compile: bool):
+    """``head_sums``, compiled once per process when asked."""
+    if not compile:
+        return head_sums
+    if "fn" not in _COMPILED:
+        _COMPILED["fn"] = torch.compile(head_sums, dynamic=True)
+    return _COMPILED["fn"]
 
 
 def _query_mask(query_mask: Tensor | None, b: int, nq: int) -> Tensor | None:

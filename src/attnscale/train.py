@@ -23,12 +23,11 @@ clipping at 1, independent weight decay 1e-4, optional z-loss, linear warmup the
   of the divergent step is not applied. :func:`run` never raises for divergence.
 * Logging: every ``log_every`` steps (and at the last step) a history row records the state at
   the *start* of that step: step, loss (mean training loss since the previous row), lr,
-  grad_norm, and per layer the attention statistics of :func:`attnscale.stats.attention_stats`
+  grad_norm, and per layer the attention statistics of :class:`attnscale.monitor.Monitor`
   (max |logit|, entropy, max weight, ...) and the RMS of q and k, from one extra no-grad forward
-  of the current batch's first ``stats_batch`` (16) sequences with the attention modules'
-  ``capture`` hook (16 sequences of 64 tokens are 1024 query rows per head; the whole batch
-  would double the cost of logging). Every ``eval_every`` steps a row also holds the eval loss
-  and metric.
+  of the current batch's first ``stats_batch`` (16) sequences (16 sequences of 64 tokens are
+  1024 query rows per head; the whole batch would double the cost of logging). Every
+  ``eval_every`` steps a row also holds the eval loss and metric.
 * Determinism: the model is initialized from ``torch.manual_seed(seed)`` and the task's batches
   are a function of (seed, step), so the same config on the same machine gives identical
   metrics. ``threads`` (default 1) sets torch's intra-op threads during the run: on a busy
@@ -58,7 +57,6 @@ from attnscale import provenance
 from attnscale.models import GPT, GPTConfig
 from attnscale.nn import MultiheadSelfAttention
 from attnscale.scores import SCORES, get_score
-from attnscale.stats import attention_stats
 from attnscale.tasks import IGNORE_INDEX, TASKS, Batch, Task, make_task
 
 SCORE_PARAMS = ("tau", "cap", "c", "s", "eps", "scale")
@@ -399,26 +397,31 @@ def num_threads(n: int) -> Iterator[None]:
 def attention_rows(model: nn.Module, batch: Batch) -> list[dict[str, float | None]]:
     """Per-layer attention statistics of ``batch`` from one no-grad forward.
 
-    q and k come from each :class:`MultiheadSelfAttention`'s ``capture`` hook (after projection
-    and RoPE); the statistics are :func:`attnscale.stats.attention_stats` of the same call.
+    The statistics come from :class:`attnscale.monitor.Monitor` (the pre-softmax scores after
+    scaling and masking, and their softmax pattern); the q/k RMS from each
+    :class:`MultiheadSelfAttention`'s ``capture`` hook, which the monitor chains to.
     """
-    modules = [m for m in model.modules() if isinstance(m, MultiheadSelfAttention)]
+    from attnscale.monitor import Monitor  # the monitor imports nn; keep train's import light
+
+    modules = {n: m for n, m in model.named_modules() if isinstance(m, MultiheadSelfAttention)}
     if not modules:
         return []
-    captured: list[tuple[MultiheadSelfAttention, Tensor, Tensor, dict]] = []
-    previous = [m.capture for m in modules]
-    for m in modules:
-        m.capture = lambda mod, q, k, call: captured.append((mod, q, k, call))
+    qk: dict[str, tuple[float, float]] = {}
+    names = {id(m): n for n, m in modules.items()}
+    previous = {n: m.capture for n, m in modules.items()}
+    for m in modules.values():
+        m.capture = lambda mod, q, k, call: qk.__setitem__(names[id(mod)], (rms(q), rms(k)))
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), Monitor(model) as monitor:
             model(batch.tokens, batch.scale)
     finally:
         model.train(was_training)
-        for m, old in zip(modules, previous, strict=True):
-            m.capture = old
-    return [layer_row(*c) for c in captured]
+        for n, m in modules.items():
+            m.capture = previous[n]
+    stats = monitor.stats()
+    return [layer_row(modules[n], *qk[n], stats[n].mean()) for n in modules if n in qk]
 
 
 def head(batch: Batch, n: int) -> Batch:
@@ -427,12 +430,14 @@ def head(batch: Batch, n: int) -> Batch:
     return Batch(batch.tokens[:n], batch.targets[:n], scale)
 
 
-def layer_row(module: MultiheadSelfAttention, q: Tensor, k: Tensor, call: dict) -> dict:
-    """Statistics of one layer: attention_stats means, q/k RMS, learned temperature or s."""
-    row: dict[str, float | None] = {"q_rms": rms(q), "k_rms": rms(k)}
-    finite = bool(torch.isfinite(q).all() and torch.isfinite(k).all())
-    means = attention_stats(q, k, **call).mean() if finite else {}
-    row.update({name: means.get(name) for name in LAYER_STATS})
+def layer_row(module: MultiheadSelfAttention, q_rms: float, k_rms: float, means: dict) -> dict:
+    """One layer's history row: the monitor's means (None where not finite), q/k RMS, and the
+    learned temperature or s."""
+    row: dict[str, float | None] = {"q_rms": q_rms, "k_rms": k_rms}
+    finite = math.isfinite(q_rms) and math.isfinite(k_rms)
+    for name in LAYER_STATS:
+        value = means.get(name)
+        row[name] = value if finite and value is not None and math.isfinite(value) else None
     if module.temperature != "fixed":
         row["tau"] = float(torch.as_tensor(module.tau()).detach().float().mean())
     if hasattr(module, "s"):
