@@ -28,9 +28,11 @@ from attnscale.scores import Context, Params, Score, get_score, resolve_params
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-# Elements of one (B, H, chunk, Nk) score block in the chunked kernel: big enough for efficient
-# batched matmuls, small enough to stay in cache-sized pieces (16 MiB of float32).
-CHUNK_ELEMENTS = 1 << 22
+# Elements of one (b, H, chunk, Nk) score block in the chunked kernel: big enough for efficient
+# batched matmuls, small enough to stay in cache-sized pieces (8 MiB of float32). 2^21 was the
+# fastest of 2^20..2^24 at B=8, H=8, N=1024 on the 2-core CI machine (`attnscale bench`).
+CHUNK_ELEMENTS = 1 << 21
+CAUSAL_ROWS = 128  # query rows per block under is_causal
 
 
 def attention(
@@ -327,16 +329,16 @@ class _ChunkedModAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, mask, is_causal, scale, sc, params):  # type: ignore[override]
         out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
         lse = torch.empty((*q.shape[:-1], 1), dtype=_work_dtype(q), device=q.device)
-        for rows, keys, _, logits in _score_blocks(q, k, mask, is_causal, scale, sc, params):
+        for bs, rows, keys, _, logits in _score_blocks(q, k, mask, is_causal, scale, sc, params):
             # Unnormalized softmax: e = exp(ℓ − max), out = (e·V) / Σe, so the normalization
             # touches the (c, Dv) output instead of the (c, nk) block.
             m = logits.amax(-1, keepdim=True)
             m = m.masked_fill(m == float("-inf"), 0.0)  # fully masked row: e = 0, out = 0
-            e = logits.sub_(m).exp_()  # (B, H, c, nk), in place
+            e = logits.sub_(m).exp_()  # (b, H, c, nk), in place
             total = e.sum(-1, keepdim=True)
-            out[:, :, rows] = (e @ v[:, :, keys].to(e.dtype) / total.clamp_min(1e-30)).to(q.dtype)
+            out[bs, :, rows] = (e @ v[bs, :, keys].to(e.dtype) / total.clamp_min(1e-30)).to(q.dtype)
             # log Σ exp(ℓ); +inf on dead rows makes exp(ℓ − lse) = 0 in backward
-            lse[:, :, rows] = torch.where(total > 0, m + total.log(), float("inf"))
+            lse[bs, :, rows] = torch.where(total > 0, m + total.log(), float("inf"))
         ctx.save_for_backward(q, k, v, out, mask, lse)
         ctx.args = (is_causal, scale, sc, params)
         return out
@@ -348,42 +350,56 @@ class _ChunkedModAttention(torch.autograd.Function):
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         # Softmax backward: dℓ_ij = p_ij (dp_ij − δ_i) with δ_i = Σ_j p_ij dp_ij = dO_i · O_i.
         delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Nq, 1)
-        for rows, keys, f, logits in _score_blocks(q, k, mask, is_causal, scale, sc, params):
+        for bs, rows, keys, f, logits in _score_blocks(q, k, mask, is_causal, scale, sc, params):
             grad_mod = sc.mod_grad(f, params)  # d mod/dz, before f may be overwritten below
-            p = logits.sub_(lse[:, :, rows].to(logits.dtype)).exp_()  # (B, H, c, nk)
-            dout = grad_out[:, :, rows].to(p.dtype)
-            dv[:, :, keys] += (p.transpose(-2, -1) @ dout).to(dv.dtype)
-            dp = dout @ v[:, :, keys].transpose(-2, -1).to(p.dtype)
-            dz = dp.sub_(delta[:, :, rows].to(p.dtype)).mul_(p).mul_(grad_mod)
-            dq[:, :, rows] = ((dz @ k[:, :, keys].to(dz.dtype)) * scale).to(dq.dtype)
-            dk_block = (dz.transpose(-2, -1) @ q[:, :, rows].to(dz.dtype)) * scale
-            dk[:, :, keys] += dk_block.to(dk.dtype)
+            p = logits.sub_(lse[bs, :, rows].to(logits.dtype)).exp_()  # (b, H, c, nk)
+            dout = grad_out[bs, :, rows].to(p.dtype)
+            dv[bs, :, keys] += (p.transpose(-2, -1) @ dout).to(dv.dtype)
+            dp = dout @ v[bs, :, keys].transpose(-2, -1).to(p.dtype)
+            dz = dp.sub_(delta[bs, :, rows].to(p.dtype)).mul_(p).mul_(grad_mod)
+            dq[bs, :, rows] = ((dz @ k[bs, :, keys].to(dz.dtype)) * scale).to(dq.dtype)
+            dk_block = (dz.transpose(-2, -1) @ q[bs, :, rows].to(dz.dtype)) * scale
+            dk[bs, :, keys] += dk_block.to(dk.dtype)
         return dq, dk, dv, None, None, None, None, None
 
 
 def _score_blocks(q, k, mask, is_causal, scale, sc, params):
-    """Yield (row slice, key slice, f, logits) per query chunk.
+    """Yield (batch slice, row slice, key slice, f, logits) per block of about CHUNK_ELEMENTS.
 
-    f = mod(scale·q·kᵀ) is the transformed score block (B, H, c, nk), logits is f with masked
-    entries at −inf. Blocks are float32 for half-precision inputs.
+    A block is (b, H, c, nk): a few batch entries and c query rows of every head, so each
+    per-head matmul is (c, D) × (D, nk) with c in the hundreds. f = mod(scale·q·kᵀ) is the
+    transformed score block, logits is f with masked entries at −inf. Blocks are float32 for
+    half-precision inputs.
     """
-    nq, nk = q.shape[-2], k.shape[-2]
+    bsz, h, nq, _ = q.shape
+    nk = k.shape[-2]
     work = _work_dtype(q)
-    chunk = max(1, min(nq, CHUNK_ELEMENTS // max(1, q.shape[0] * q.shape[1] * nk)))
-    for start in range(0, nq, chunk):
-        stop = min(nq, start + chunk)
-        keys = slice(0, min(nk, stop) if is_causal else nk)
-        # Scaling the (c, D) query chunk is cheaper than scaling the (c, nk) scores.
-        z = (q[:, :, start:stop].to(work) * scale) @ k[:, :, keys].transpose(-2, -1).to(work)
-        f = sc.mod(z, params)  # may work in place on z
-        logits = f
-        if mask is not None:
-            m = mask[:, :, start:stop, keys]
-            logits = f.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else f + m.to(work)
-        if is_causal:
-            tri = torch.ones(stop - start, keys.stop, dtype=torch.bool, device=q.device)
-            logits = logits.masked_fill(~tri.tril(diagonal=start), float("-inf"))
-        yield slice(start, stop), keys, f, logits
+    qscale = scale if sc.prescale is None else sc.prescale(params) * scale
+    if isinstance(qscale, Tensor):
+        qscale = qscale.to(work)
+    c = max(1, min(nq, CHUNK_ELEMENTS // max(1, h * nk)))
+    if is_causal:  # finer rows skip more of the hidden upper triangle
+        c = min(c, CAUSAL_ROWS)
+    nb = max(1, min(bsz, CHUNK_ELEMENTS // max(1, h * c * nk)))
+    for b0 in range(0, bsz, nb):
+        bs = slice(b0, min(bsz, b0 + nb))
+        for start in range(0, nq, c):
+            stop = min(nq, start + c)
+            keys = slice(0, min(nk, stop) if is_causal else nk)
+            # Scaling the (c, D) query chunk is cheaper than scaling the (c, nk) scores.
+            qs = q[bs, :, start:stop].to(work) * qscale
+            z = qs @ k[bs, :, keys].transpose(-2, -1).to(work)
+            f = sc.mod(z, params)  # may work in place on z
+            logits = f
+            if mask is not None:
+                m = mask[bs, :, start:stop, keys]
+                logits = (
+                    f.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else f + m.to(work)
+                )
+            if is_causal:
+                tri = torch.ones(stop - start, keys.stop, dtype=torch.bool, device=q.device)
+                logits = logits.masked_fill(~tri.tril(diagonal=start), float("-inf"))
+            yield bs, slice(start, stop), keys, f, logits
 
 
 def _work_dtype(q: Tensor) -> torch.dtype:
@@ -423,7 +439,7 @@ def _flex_attention(sc, params, q, k, v, mask, is_causal, scale) -> Tensor:
         additive = additive.expand(q.shape[0], q.shape[1], q.shape[-2], k.shape[-2])
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        out = sc.mod(score, {n: _flex_param(p, h) for n, p in params.items()})
+        out = sc.apply_mod(score, {n: _flex_param(p, h) for n, p in params.items()})
         if additive is not None:
             out = out + additive[b, h, q_idx, kv_idx]
         if is_causal:

@@ -286,7 +286,7 @@ def _score_block(sc: Score, params, q: Tensor, k: Tensor, scale, ctx: Context, w
     """Logits (B, H, c, Nk) of query rows ``q`` from the score's fast path, in ``work`` dtype."""
     qp, kp, s = sc.prepare(q.to(work), k.to(work), scale, params, ctx)
     z = (qp * s) @ kp.transpose(-2, -1)  # scaling the (c, d) queries, not the (c, Nk) block
-    return z if sc.mod is None else sc.mod(z, params)
+    return z if sc.mod is None else sc.apply_mod(z, params)
 
 
 def _apply_mask(z: Tensor, keep: Tensor | None, bias: Tensor | None, inplace: bool) -> Tensor:
