@@ -470,6 +470,8 @@ class RayExecutor:
     address: str | None = None
 
     def __enter__(self) -> RayExecutor:
+        if self.address is not None:
+            _use_ray_token()  # before ray is imported: it reads the auth mode once
         try:
             import ray
         except ImportError:
@@ -508,6 +510,19 @@ class RayExecutor:
             return self._ray.get(ref)
         except self._ray.exceptions.RayError as e:
             return Outcome(task.id, error=format_error(e))
+
+
+def _use_ray_token() -> None:
+    """Let a client present the cluster's auth token.
+
+    Since Ray 2.59, ``ray start --head`` turns token authentication on when a token file exists
+    (``~/.ray/auth_token``, or ``RAY_AUTH_TOKEN_PATH``), but ``ray.init(address=...)`` only sends
+    the token when ``RAY_AUTH_MODE=token`` is set (ray-project/ray#64755): without it the join
+    fails with InvalidAuthToken. Set it when a token exists and the user chose nothing.
+    """
+    token = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
+    if "RAY_AUTH_MODE" not in os.environ and (token.exists() or "RAY_AUTH_TOKEN" in os.environ):
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def make_executor(kind: str = "local", workers: int = 1, address: str | None = None) -> Executor:
