@@ -10,15 +10,19 @@ the forward, so forward+backward is 3× the forward. ``peak_fraction`` divides t
 this machine's float32 matmul rate, measured in the same run on a large square matmul.
 
 Peak memory is the growth of the process's resident set (Linux VmHWM, reset before each
-measurement) during one forward+backward: a coarse but honest figure on CPU.
+measurement) during one forward+backward, taken after the timings with glibc told to serve every
+allocation of 64 KiB or more by mmap and to return freed memory at once; otherwise freed heap
+pages are reused without growing the resident set and the growth reads 0.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -135,7 +139,10 @@ def _bench_one(score, inputs, causal, repeats, naive, peak) -> BenchRow:
             lambda: materialized_attention(sc, rp, q, k, v, None, 0.0, causal, None, False), inputs
         )
         naive_ms = _best_time(slow["fwdbwd"], max(1, repeats - 1)) * 1e3
-        naive_mem = _peak_rss_growth_mb(slow["fwdbwd"])
+    with _exact_rss():
+        peak_mem = _peak_rss_growth_mb(ours["fwdbwd"])
+        if naive:
+            naive_mem = _peak_rss_growth_mb(slow["fwdbwd"])
     fwdbwd_ms = times["ours"]["fwdbwd"]
     gflops = attention_flops(b, h, n, d, causal, backward=True) / (fwdbwd_ms / 1e3) / 1e9
     return BenchRow(
@@ -152,7 +159,7 @@ def _bench_one(score, inputs, causal, repeats, naive, peak) -> BenchRow:
         ratio_naive=None if naive_ms is None else naive_ms / fwdbwd_ms,
         gflops=gflops,
         peak_fraction=gflops / peak,
-        peak_mem_mb=_peak_rss_growth_mb(ours["fwdbwd"]),
+        peak_mem_mb=peak_mem,
         naive_peak_mem_mb=naive_mem,
     )
 
@@ -202,6 +209,28 @@ def _best_time(fn: Callable[[], object], repeats: int) -> float:
 
 
 _STATUS = Path("/proc/self/status")
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters (malloc.h)
+_TRIM: list[Callable[[int], int]] = []
+
+
+@contextmanager
+def _exact_rss() -> Iterator[None]:
+    """While active, glibc mmaps every allocation ≥ 64 KiB and trims freed memory at once, so
+    the resident set follows the live allocations. Restores glibc's default thresholds."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: the growth stays coarse
+        yield
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, 1 << 16)
+    libc.mallopt(_M_TRIM_THRESHOLD, 0)
+    _TRIM.append(libc.malloc_trim)  # freed heap pages stay resident until trimmed
+    try:
+        yield
+    finally:
+        _TRIM.pop()
+        libc.mallopt(_M_MMAP_THRESHOLD, 128 << 10)
+        libc.mallopt(_M_TRIM_THRESHOLD, 128 << 10)
 
 
 def _peak_rss_growth_mb(fn: Callable[[], None]) -> float | None:
@@ -209,6 +238,8 @@ def _peak_rss_growth_mb(fn: Callable[[], None]) -> float | None:
     if not _STATUS.exists():
         return None
     gc.collect()
+    for trim in _TRIM:
+        trim(0)
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
