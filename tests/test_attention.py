@@ -356,3 +356,29 @@ def test_register_adds_a_score_in_one_place():
 def test_public_api():
     assert attnscale.attention is attention
     assert attnscale.reference_attention is reference_attention
+
+
+@pytest.mark.parametrize("rms", [True, False])
+def test_row_scale_backward_matches_autograd_of_the_formula(rms):
+    """The hand-written backward of cosine's and qk_rmsnorm's row scaling, including rows whose
+    norm is below eps (where F.normalize clamps and the derivative of the scale is 0)."""
+    from attnscale.scores import _RowScale
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    eps = 1e-6
+    assert torch.autograd.gradcheck(lambda t: _RowScale.apply(t, eps, rms), (x,))
+    # rows at or below the clamp: finite differences would straddle the kink, so compare with
+    # autograd of the plain formula instead
+    x = x.detach().clone()
+    x[0, 0, 0] = 0.0
+    x[0, 1, 2] *= 1e-9
+    x.requires_grad_()
+    dy = torch.randn(x.shape, dtype=torch.float64, generator=g)
+    if rms:
+        plain = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    else:
+        plain = x / x.norm(dim=-1, keepdim=True).clamp_min(eps)
+    want = torch.autograd.grad(plain, x, dy)[0]
+    got = torch.autograd.grad(_RowScale.apply(x, eps, rms), x, dy)[0]
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

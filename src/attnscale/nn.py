@@ -21,7 +21,6 @@ from torch import Tensor, nn
 
 from attnscale.attention import attention
 from attnscale.scores import get_score, resolve_params
-from attnscale.theory import qknorm_g0
 
 Temperature = Literal["fixed", "swin", "qknorm"]
 SWIN_INIT = math.log(10.0)  # Swin V2: logit scale initialized at log 10 ...
@@ -107,6 +106,8 @@ class MultiheadSelfAttention(nn.Module):
         elif temperature == "qknorm":
             if qknorm_length is None:
                 raise ValueError("temperature='qknorm' needs qknorm_length (the L in log2(L²−L))")
+            from attnscale.theory import qknorm_g0  # scipy: imported only when needed
+
             self.gain = nn.Parameter(torch.tensor(float(qknorm_g0(qknorm_length))))
         if self.score in ("qk_layernorm", "qk_rmsnorm") and norm_affine:
             self.q_weight = nn.Parameter(torch.ones(self.n_heads, self.head_dim))
