@@ -220,7 +220,8 @@ class StatsAccumulator:
                 ctx = Context(head_dim=d, n_visible=lambda keep=keep: _n_visible(keep, nk))
                 logits = _score_block(sc, params, q[:, :, rows], k, scale, ctx, work)
                 rows_kept = None if qmask is None else qmask[:, None, rows]
-                self.add(_apply_mask(logits, keep, bias, inplace=True), rows_kept)
+                masked = _apply_mask(logits, keep, bias, inplace=True)
+                self.add(masked, rows_kept, hidden_keys=keep is not None)
 
     def update_logits(
         self,
@@ -249,15 +250,18 @@ class StatsAccumulator:
         if heads != self.heads:
             raise ValueError(f"this accumulator has {self.heads} heads, got {heads}")
 
-    def add(self, logits: Tensor, rows_kept: Tensor | None = None) -> None:
+    def add(
+        self, logits: Tensor, rows_kept: Tensor | None = None, hidden_keys: bool = True
+    ) -> None:
         """Add one block of masked logits (B, H, c, Nk): −inf marks a key the query does not see.
-        ``rows_kept`` (B, 1, c) bool drops query rows."""
+        ``rows_kept`` (B, 1, c) bool drops query rows. ``hidden_keys=False`` promises there is
+        no −inf (every key visible), which skips the masking work."""
         if logits.dtype not in (torch.float32, torch.float64):
             logits = logits.float()
         b, c = logits.shape[0], logits.shape[2]
         if rows_kept is None:
             rows_kept = torch.ones((b, 1, c), dtype=torch.bool, device=logits.device)
-        sums, head_max = _head_sums_fn(self.compile)(logits, rows_kept)
+        sums, head_max = _head_sums_fn(self.compile)(logits, rows_kept, hidden_keys)
         sums = sums.cpu().numpy()
         for i, name in enumerate(SUM_FIELDS):
             if name in self.row_sums:
@@ -304,26 +308,32 @@ SUM_FIELDS = ("rows", *StatsAccumulator.ROW_FIELDS, "norm_entropy", "norm_rows",
               "logit_sum", "logit_sq")
 
 
-def head_sums(z: Tensor, rows_kept: Tensor) -> tuple[Tensor, Tensor]:
+def head_sums(z: Tensor, rows_kept: Tensor, hidden_keys: bool = True) -> tuple[Tensor, Tensor]:
     """Per-head sums of every row statistic of masked logits ``z`` (B, H, c, N).
 
-    −inf in ``z`` marks a hidden key; ``rows_kept`` (B, 1, c) bool drops query rows; a row with
-    no visible key is skipped. Per row, with m the max over visible keys and e = exp(ℓ − m):
+    −inf in ``z`` marks a hidden key (``hidden_keys=False``: there is none, and the masking
+    work is skipped); ``rows_kept`` (B, 1, c) bool drops query rows; a row with no visible key
+    is skipped. Per row, with m the max over visible keys and e = exp(ℓ − m):
     ln Σ exp ℓ = m + ln Σe; H = ln Σe − Σe(ℓ − m)/Σe; max p = 1/Σe; Σp^k = Σe^k/(Σe)^k.
     Returns the (H, len(SUM_FIELDS)) float64 sums over batch and rows, and max |ℓ| per head (H,).
     Plain tensor code, one expression graph, so ``torch.compile`` fuses it into a few loops.
     """
-    vis = z > float("-inf")
     m = z.amax(-1, keepdim=True)
-    m = torch.where(m > float("-inf"), m, torch.zeros_like(m))  # fully masked row
+    if hidden_keys:
+        vis = z > float("-inf")
+        m = torch.where(m > float("-inf"), m, torch.zeros_like(m))  # fully masked row
     zc = z - m
     e = torch.exp(zc)
-    zc = torch.where(vis, zc, torch.zeros_like(zc))
-    zv = torch.where(vis, z, torch.zeros_like(z))
+    if hidden_keys:
+        zc = torch.where(vis, zc, torch.zeros_like(zc))
+        zv = torch.where(vis, z, torch.zeros_like(z))
+        n_vis = vis.sum(-1).to(z.dtype)
+    else:
+        zv = z
+        n_vis = torch.full(z.shape[:-1], z.shape[-1], dtype=z.dtype, device=z.device)
     e2 = e * e
     s0 = e.sum(-1)  # (B, H, c)
     valid = (s0 > 0) & rows_kept
-    n_vis = vis.sum(-1).to(z.dtype)
     s0 = s0.clamp_min(1e-30)
     log_s0 = torch.log(s0)
     lse = m.squeeze(-1) + log_s0
