@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from attnscale import SCORES, reference_attention
-from attnscale.nn import SWIN_INIT, MultiheadSelfAttention, qknorm_g0
+from attnscale.nn import SWIN_INIT, MultiheadSelfAttention
+from attnscale.theory import qknorm_g0
 
 
 def test_rope_keeps_norms_and_makes_scores_relative():
