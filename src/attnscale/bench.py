@@ -99,14 +99,21 @@ def run(
     for s in scores:
         get_score(s)
     peak = matmul_peak_gflops()
-    rows = []
+    rows, memory_calls = [], []
     for n in n_values:
         for causal in causal_values:
             inputs = _inputs(batch, heads, n, head_dim)
             for score in scores:
                 if progress:
                     progress(f"{score} n={n} causal={causal}")
-                rows.append(_bench_one(score, inputs, causal, repeats, naive, peak))
+                row, calls = _bench_one(score, inputs, causal, repeats, naive, peak)
+                rows.append(row)
+                memory_calls.append(calls)
+    # Memory last: the allocator settings of _exact_rss would slow every later timing.
+    with _exact_rss():
+        for row, (ours, slow) in zip(rows, memory_calls, strict=True):
+            row.peak_mem_mb = _peak_rss_growth_mb(ours)
+            row.naive_peak_mem_mb = None if slow is None else _peak_rss_growth_mb(slow)
     facts = {
         "matmul_peak_gflops": peak,
         "batch": batch,
@@ -124,14 +131,15 @@ def _inputs(b: int, h: int, n: int, d: int) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randn(b, h, n, d, generator=g).requires_grad_() for _ in range(3))
 
 
-def _bench_one(score, inputs, causal, repeats, naive, peak) -> BenchRow:
+def _bench_one(score, inputs, causal, repeats, naive, peak) -> tuple[BenchRow, tuple]:
+    """One row of timings, and the (ours, naive) forward+backward calls for the memory pass."""
     q, k, v = inputs
     b, h, n, d = q.shape
     params = BENCH_PARAMS.get(score, {})
     ours = _calls(lambda: _attention(q, k, v, causal, score, params), inputs)
     sdpa = _calls(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), inputs)
     times = _interleaved({"ours": ours, "sdpa": sdpa}, repeats)
-    naive_ms = naive_mem = None
+    naive_ms = slow = None
     if naive:
         sc = get_score(score)
         rp = resolve_params(sc, params, None)
@@ -139,13 +147,9 @@ def _bench_one(score, inputs, causal, repeats, naive, peak) -> BenchRow:
             lambda: materialized_attention(sc, rp, q, k, v, None, 0.0, causal, None, False), inputs
         )
         naive_ms = _best_time(slow["fwdbwd"], max(1, repeats - 1)) * 1e3
-    with _exact_rss():
-        peak_mem = _peak_rss_growth_mb(ours["fwdbwd"])
-        if naive:
-            naive_mem = _peak_rss_growth_mb(slow["fwdbwd"])
     fwdbwd_ms = times["ours"]["fwdbwd"]
     gflops = attention_flops(b, h, n, d, causal, backward=True) / (fwdbwd_ms / 1e3) / 1e9
-    return BenchRow(
+    row = BenchRow(
         score=score,
         n=n,
         causal=causal,
@@ -159,9 +163,10 @@ def _bench_one(score, inputs, causal, repeats, naive, peak) -> BenchRow:
         ratio_naive=None if naive_ms is None else naive_ms / fwdbwd_ms,
         gflops=gflops,
         peak_fraction=gflops / peak,
-        peak_mem_mb=peak_mem,
-        naive_peak_mem_mb=naive_mem,
+        peak_mem_mb=None,
+        naive_peak_mem_mb=None,
     )
+    return row, (ours["fwdbwd"], None if slow is None else slow["fwdbwd"])
 
 
 def _attention(q, k, v, causal, score, params):
@@ -216,7 +221,8 @@ _TRIM: list[Callable[[int], int]] = []
 @contextmanager
 def _exact_rss() -> Iterator[None]:
     """While active, glibc mmaps every allocation ≥ 64 KiB and trims freed memory at once, so
-    the resident set follows the live allocations. Restores glibc's default thresholds."""
+    the resident set follows the live allocations. Afterwards the thresholds are fixed at
+    glibc's maximum dynamic values (setting them once ends glibc's dynamic adjustment)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc: the growth stays coarse
@@ -229,8 +235,8 @@ def _exact_rss() -> Iterator[None]:
         yield
     finally:
         _TRIM.pop()
-        libc.mallopt(_M_MMAP_THRESHOLD, 128 << 10)
-        libc.mallopt(_M_TRIM_THRESHOLD, 128 << 10)
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
 
 
 def _peak_rss_growth_mb(fn: Callable[[], None]) -> float | None:

@@ -83,8 +83,8 @@ def register(score: Score) -> Score:
     """Add ``score`` to the registry (names are unique)."""
     if score.name in SCORES:
         raise ValueError(f"score {score.name!r} is already registered")
-    if score.formula is None or (score.prepare is None and score.mod is None):
-        raise ValueError(f"score {score.name!r} needs a formula and a fast path (prepare or mod)")
+    if score.formula is None or score.prepare is None:
+        raise ValueError(f"score {score.name!r} needs a formula and a fast path (prepare)")
     SCORES[score.name] = score
     return score
 
@@ -193,15 +193,16 @@ class _RowScale(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, eps: float, rms: bool) -> Tensor:  # type: ignore[override]
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # (…, N, 1)
-        d = x.shape[-1]
+        # Half-precision rows are measured in float32: ‖x‖² overflows float16 at ‖x‖ > 256.
+        work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=work)  # (…, N, 1)
         if rms:
-            r = torch.rsqrt(norm * norm / d + eps)
+            r = torch.rsqrt(norm * norm / x.shape[-1] + eps)
             active = None
         else:
             r = 1.0 / norm.clamp_min(eps)
             active = norm > eps
-        y = x * r
+        y = (x * r).to(x.dtype)
         ctx.save_for_backward(y, r, active)
         ctx.rms = rms
         return y
@@ -210,9 +211,10 @@ class _RowScale(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy: Tensor):  # type: ignore[override]
         y, r, active = ctx.saved_tensors
-        dot = torch.linalg.vecdot(y, dy).unsqueeze(-1)  # ⟨y, dy⟩ per row
+        yw, dyw = y.to(r.dtype), dy.to(r.dtype)
+        dot = torch.linalg.vecdot(yw, dyw).unsqueeze(-1)  # ⟨y, dy⟩ per row
         dot = dot / y.shape[-1] if ctx.rms else dot * active
-        return torch.addcmul(dy, y, dot, value=-1.0).mul_(r), None, None
+        return torch.addcmul(dyw, yw, dot, value=-1.0).mul_(r).to(dy.dtype), None, None
 
 
 # --------------------------------------------------------------------------------------------

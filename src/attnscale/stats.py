@@ -221,7 +221,7 @@ class StatsAccumulator:
                 logits = _score_block(sc, params, q[:, :, rows], k, scale, ctx, work)
                 rows_kept = None if qmask is None else qmask[:, None, rows]
                 masked = _apply_mask(logits, keep, bias, inplace=True)
-                self.add(masked, rows_kept, hidden_keys=keep is not None)
+                self.add(masked, rows_kept=rows_kept, hidden_keys=keep is not None)
 
     def update_logits(
         self,
@@ -244,14 +244,14 @@ class StatsAccumulator:
             for rows, keep, bias in _blocks(mask, is_causal, (b, h, nq, nk), logits.device):
                 block = logits[:, :, rows].to(work)
                 rows_kept = None if qmask is None else qmask[:, None, rows]
-                self.add(_apply_mask(block, keep, bias, inplace=False), rows_kept)
+                self.add(_apply_mask(block, keep, bias, inplace=False), rows_kept=rows_kept)
 
     def _check_heads(self, heads: int) -> None:
         if heads != self.heads:
             raise ValueError(f"this accumulator has {self.heads} heads, got {heads}")
 
     def add(
-        self, logits: Tensor, rows_kept: Tensor | None = None, hidden_keys: bool = True
+        self, logits: Tensor, *, rows_kept: Tensor | None = None, hidden_keys: bool = True
     ) -> None:
         """Add one block of masked logits (B, H, c, Nk): −inf marks a key the query does not see.
         ``rows_kept`` (B, 1, c) bool drops query rows. ``hidden_keys=False`` promises there is

@@ -470,8 +470,7 @@ class RayExecutor:
     address: str | None = None
 
     def __enter__(self) -> RayExecutor:
-        if self.address is not None:
-            _use_ray_token()  # before ray is imported: it reads the auth mode once
+        self._set_env = _use_ray_token() if self.address is not None else False
         try:
             import ray
         except ImportError:
@@ -489,6 +488,8 @@ class RayExecutor:
     def __exit__(self, *exc: object) -> None:
         if self._started:
             self._ray.shutdown()
+        if self._set_env:  # leave the environment as we found it
+            os.environ.pop("RAY_AUTH_MODE", None)
 
     def run(
         self, tasks: Sequence[Task], on_start: Callable[[str, str | None], None]
@@ -512,17 +513,20 @@ class RayExecutor:
             return Outcome(task.id, error=format_error(e))
 
 
-def _use_ray_token() -> None:
+def _use_ray_token() -> bool:
     """Let a client present the cluster's auth token.
 
     Since Ray 2.59, ``ray start --head`` turns token authentication on when a token file exists
     (``~/.ray/auth_token``, or ``RAY_AUTH_TOKEN_PATH``), but ``ray.init(address=...)`` only sends
     the token when ``RAY_AUTH_MODE=token`` is set (ray-project/ray#64755): without it the join
-    fails with InvalidAuthToken. Set it when a token exists and the user chose nothing.
+    fails with InvalidAuthToken. Set it (before ray.init reads it) when a token exists and the
+    user chose nothing; returns whether it was set.
     """
     token = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
-    if "RAY_AUTH_MODE" not in os.environ and (token.exists() or "RAY_AUTH_TOKEN" in os.environ):
-        os.environ["RAY_AUTH_MODE"] = "token"
+    if "RAY_AUTH_MODE" in os.environ or not (token.exists() or "RAY_AUTH_TOKEN" in os.environ):
+        return False
+    os.environ["RAY_AUTH_MODE"] = "token"
+    return True
 
 
 def make_executor(kind: str = "local", workers: int = 1, address: str | None = None) -> Executor:
