@@ -27,12 +27,16 @@ def _save(fig, folder: Path, name: str) -> str:
     return str(path)
 
 
-def _bars(ax, cis: dict[str, dict], ylabel: str, chance: float | None = None) -> None:
+def _bars(ax, cis: dict[str, dict], ylabel: str, chance: float | None = None,
+          bounds: tuple[float, float] | None = None) -> None:
+    """Bars of means with their 95% CIs; ``bounds`` clips the drawn CI to the metric's range
+    (a t-interval over 2 seeds can leave [0, 1])."""
+    lo_b, hi_b = bounds if bounds is not None else (-math.inf, math.inf)
     names = list(cis)
     means = [cis[n]["mean"] for n in names]
-    err = [[m - (cis[n]["lo"] if cis[n].get("lo") is not None else m) for n, m in
+    err = [[m - max(lo_b, cis[n]["lo"] if cis[n].get("lo") is not None else m) for n, m in
             zip(names, means, strict=True)],
-           [(cis[n]["hi"] if cis[n].get("hi") is not None else m) - m for n, m in
+           [min(hi_b, cis[n]["hi"] if cis[n].get("hi") is not None else m) - m for n, m in
             zip(names, means, strict=True)]]
     ax.bar(range(len(names)), means, yerr=err, capsize=3, color="#4c78a8")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
@@ -74,7 +78,7 @@ def fig_c2(folder: Path) -> str:
 
 def fig_c3(ev: Evidence, folder: Path) -> str:
     fig, ax = plt.subplots(figsize=(5, 3))
-    _bars(ax, ev["accuracy"], "salience accuracy", ev.get("chance"))
+    _bars(ax, ev["accuracy"], "salience accuracy", ev.get("chance"), bounds=(0.0, 1.0))
     ax.set_title("key marked only by its norm")
     return _save(fig, folder, "c3_salience")
 
@@ -89,7 +93,8 @@ def fig_c4(ev: Evidence, folder: Path) -> str:
     a.set(xlabel="τ (logits in [−τ, τ])", ylabel="largest possible weight", xscale="log",
           title="e^{2τ}/(e^{2τ}+n−1)")
     a.legend(fontsize=8)
-    _bars(b, ev["accuracy"], "MQAR accuracy (best LR)")
+    _bars(b, ev["accuracy"], "MQAR accuracy (best LR; 95% CI clipped to [0, 1])",
+          ev.get("chance"), bounds=(0.0, 1.0))
     return _save(fig, folder, "c4_bound_and_mqar")
 
 

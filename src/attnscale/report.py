@@ -565,8 +565,7 @@ def collect_evidence(state: ReportState) -> None:
         "C3": sal,
         "C4": {"accuracy": {k: v for k, v in lr["accuracy"].items()
                             if k == "scaled_dot" or k.startswith("cosine")},
-               "max_weight_bound": float(theory.max_weight_bound(512, 1.0)), "n": 512,
-               "bound_at_task_length": float(theory.max_weight_bound(mqar_n, 1.0)),
+               "max_weight_bound": float(theory.max_weight_bound(mqar_n, 1.0)), "n": mqar_n,
                "chance": 1 / MQAR["num_kv_pairs"],
                "runs": lr["runs"]},
         "C5": {"ratio_by_n": ratio},
