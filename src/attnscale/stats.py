@@ -289,7 +289,10 @@ class StatsAccumulator:
 def _score_block(sc: Score, params, q: Tensor, k: Tensor, scale, ctx: Context, work) -> Tensor:
     """Logits (B, H, c, Nk) of query rows ``q`` from the score's fast path, in ``work`` dtype."""
     qp, kp, s = sc.prepare(q.to(work), k.to(work), scale, params, ctx)
-    z = (qp * s) @ kp.transpose(-2, -1)  # scaling the (c, d) queries, not the (c, Nk) block
+    # Scaling the (c, d) queries, not the (c, Nk) block. Contiguous operands: models hand over
+    # q and k as head-transposed views, and the strided batched matmul was slower in a model
+    # than copying them first (MiniLM, benchmarks/monitor_overhead.py).
+    z = (qp * s).contiguous() @ kp.contiguous().transpose(-2, -1)
     return z if sc.mod is None else sc.apply_mod(z, params)
 
 
