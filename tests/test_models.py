@@ -11,14 +11,7 @@ import torch
 from attnscale import SCORES
 from attnscale.models import GPT, GPTConfig
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small ops on a busy machine are far faster single-threaded."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 TINY = {"vocab_size": 23, "seq_len": 12, "d_model": 16, "n_heads": 4, "n_layers": 2}

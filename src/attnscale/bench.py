@@ -110,10 +110,10 @@ def run(
                 rows.append(row)
                 memory_calls.append(calls)
     # Memory last: the allocator settings of _exact_rss would slow every later timing.
-    with _exact_rss():
+    with _exact_rss() as trim:
         for row, (ours, slow) in zip(rows, memory_calls, strict=True):
-            row.peak_mem_mb = _peak_rss_growth_mb(ours)
-            row.naive_peak_mem_mb = None if slow is None else _peak_rss_growth_mb(slow)
+            row.peak_mem_mb = _peak_rss_growth_mb(ours, trim)
+            row.naive_peak_mem_mb = None if slow is None else _peak_rss_growth_mb(slow, trim)
     facts = {
         "matmul_peak_gflops": peak,
         "batch": batch,
@@ -215,37 +215,38 @@ def _best_time(fn: Callable[[], object], repeats: int) -> float:
 
 _STATUS = Path("/proc/self/status")
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters (malloc.h)
-_TRIM: list[Callable[[int], int]] = []
 
 
 @contextmanager
-def _exact_rss() -> Iterator[None]:
+def _exact_rss() -> Iterator[Callable[[], None] | None]:
     """While active, glibc mmaps every allocation ≥ 64 KiB and trims freed memory at once, so
-    the resident set follows the live allocations. Afterwards the thresholds are fixed at
-    glibc's maximum dynamic values (setting them once ends glibc's dynamic adjustment)."""
+    the resident set follows the live allocations. Yields a function that releases the freed
+    heap pages still resident (None when this is not glibc: the growth stays coarse).
+    Afterwards the thresholds are fixed at glibc's maximum dynamic values (setting them once
+    ends glibc's dynamic adjustment)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc: the growth stays coarse
-        yield
+    except OSError:
+        yield None
         return
     libc.mallopt(_M_MMAP_THRESHOLD, 1 << 16)
     libc.mallopt(_M_TRIM_THRESHOLD, 0)
-    _TRIM.append(libc.malloc_trim)  # freed heap pages stay resident until trimmed
     try:
-        yield
+        yield lambda: libc.malloc_trim(0)
     finally:
-        _TRIM.pop()
         libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
         libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
 
 
-def _peak_rss_growth_mb(fn: Callable[[], None]) -> float | None:
+def _peak_rss_growth_mb(
+    fn: Callable[[], None], trim: Callable[[], None] | None = None
+) -> float | None:
     """Growth of resident memory during one call (MB), from Linux's resettable VmHWM."""
     if not _STATUS.exists():
         return None
     gc.collect()
-    for trim in _TRIM:
-        trim(0)
+    if trim is not None:
+        trim()
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:

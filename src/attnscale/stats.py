@@ -292,8 +292,11 @@ def _score_block(sc: Score, params, q: Tensor, k: Tensor, scale, ctx: Context, w
     # Scaling the (c, d) queries, not the (c, Nk) block. Contiguous operands: models hand over
     # q and k as head-transposed views, and the strided batched matmul was slower in a model
     # than copying them first (MiniLM, benchmarks/monitor_overhead.py).
+    if sc.prescale is not None:  # folded into the queries, as the chunked kernel does
+        s = sc.prescale(params) * s
+        s = s.to(work) if isinstance(s, Tensor) else s
     z = (qp * s).contiguous() @ kp.contiguous().transpose(-2, -1)
-    return z if sc.mod is None else sc.apply_mod(z, params)
+    return z if sc.mod is None else sc.mod(z, params)
 
 
 def _apply_mask(z: Tensor, keep: Tensor | None, bias: Tensor | None, inplace: bool) -> Tensor:
