@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import copy
+import importlib
+import platform
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from attnscale import native
 from attnscale.monitor import Monitor
 from attnscale.nn import MultiheadSelfAttention
 from attnscale.stats import logit_stats
+
+monitor_module = importlib.import_module("attnscale.monitor")
 
 transformers = pytest.importorskip("transformers")
 
@@ -39,6 +46,34 @@ def bert_inputs():
     return {"input_ids": ids, "attention_mask": mask}
 
 
+# How a monitored SDPA call is answered: SDPA itself (compile=False), the native kernel, or the
+# torch.compile-d Python version (compile=True where the native kernel is not available).
+PATHS = ["sdpa", "native", "inductor"]
+
+
+@pytest.fixture(params=PATHS)
+def path(request, monkeypatch) -> str:
+    """Forces one path, and afterwards checks that the fused pass really answered the calls."""
+    if request.param == "native" and native.fused_kernel() is None:
+        usable = platform.machine().lower() in ("x86_64", "amd64") and (
+            torch.backends.cpu.get_cpu_capability() in native.FLAGS)
+        if usable:  # where the kernel should work, a failed build is a failure, not a skip
+            pytest.fail(f"the native kernel must build here: {native.unavailable_reason()}")
+        pytest.skip(native.unavailable_reason())
+    if request.param == "inductor":
+        monkeypatch.setattr(native, "fused_kernel", lambda: None)
+    calls = []
+    fused = monitor_module._attend_and_measure
+    monkeypatch.setattr(monitor_module, "_attend_and_measure",
+                        lambda *a: calls.append(1) or fused(*a))
+    yield request.param
+    assert bool(calls) == (request.param != "sdpa"), "the fused pass ran iff compile=True"
+
+
+def monitor(model, path: str, **kwargs) -> Monitor:
+    return Monitor(model, compile=path != "sdpa", **kwargs)
+
+
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_hf_bert_output_unchanged(impl):
     model, inputs = tiny_bert(impl), bert_inputs()
@@ -52,6 +87,20 @@ def test_hf_bert_output_unchanged(impl):
     assert torch.equal(before, after)
     assert model.config._attn_implementation == impl  # restored
     assert len(mon.stats()) == 2 and len(mon.stats("dot")) == 2
+
+
+def test_hf_bert_output_within_rounding_when_fused(path):
+    """compile=True answers SDPA from one fused pass: float rounding, within 1e-6."""
+    model, inputs = tiny_bert("sdpa"), bert_inputs()
+    with torch.no_grad():
+        before = model(**inputs).last_hidden_state
+        with monitor(model, path) as mon:
+            mon.query_mask = inputs["attention_mask"].bool()
+            during = model(**inputs).last_hidden_state
+    torch.testing.assert_close(during, before, rtol=1e-6, atol=1e-6)
+    if path == "sdpa":
+        assert torch.equal(during, before)
+    assert len(mon.stats()) == 2
 
 
 def test_hf_stats_match_eager_output_attentions():
@@ -68,6 +117,96 @@ def test_hf_stats_match_eager_output_attentions():
         assert s.max_weight.mean() == pytest.approx(kept.mean().item(), rel=1e-5)
         # padding keys are excluded: real rows of sequence 1 see 6 keys
         assert s.entropy_uniform.max() < np.log(9)
+
+
+def test_hf_sdpa_stats_match_eager_output_attentions(path):
+    """Every SDPA path records the statistics of the weights the eager code computes."""
+    inputs = bert_inputs()
+    qmask = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        weights = tiny_bert("eager")(**inputs, output_attentions=True).attentions
+        with monitor(tiny_bert("sdpa"), path) as mon:
+            mon.query_mask = qmask
+            mon.model(**inputs)
+    for s, w in zip(mon.stats().values(), weights, strict=True):
+        np.testing.assert_allclose(s.entropy, entropy_from_weights(w.double(), qmask), rtol=1e-5)
+        kept = w.amax(-1)[qmask[:, None, :].expand_as(w.amax(-1))]
+        assert s.max_weight.mean() == pytest.approx(kept.mean().item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_hf_gqa_sdpa_is_monitored(causal, path):
+    """A Llama-style model with 2 key/value heads for 4 query heads, through the sdpa path."""
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.LlamaModel(cfg).eval()
+    ids = torch.randint(0, 50, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    if not causal:  # padding turns the causal flag into an explicit bool mask
+        mask[0, :3] = 0
+    with torch.no_grad():
+        before = model(ids, attention_mask=mask).last_hidden_state
+        eager = transformers.LlamaModel(copy.deepcopy(cfg)).eval()  # not a shared config
+        eager.load_state_dict(model.state_dict())
+        eager.set_attn_implementation("eager")
+        weights = eager(ids, attention_mask=mask, output_attentions=True).attentions
+        with monitor(model, path) as mon:
+            mon.query_mask = mask.bool()
+            during = model(ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(during, before, rtol=1e-6, atol=1e-6)
+    for s, w in zip(mon.stats().values(), weights, strict=True):
+        np.testing.assert_allclose(s.entropy, entropy_from_weights(w.double(), mask.bool()),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_gqa_decoding_with_padding_is_monitored(path):
+    """transformers packs the query heads of one-token GQA decoding into SDPA's row axis; the
+    statistics then come from the model's own arguments, per query head."""
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, attn_implementation="sdpa",
+                                   pad_token_id=0, eos_token_id=None)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(1, 50, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, :2] = 0  # left padding
+    ids[0, :2] = 0
+    with torch.no_grad():
+        before = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+        with monitor(model, path) as mon:
+            during = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+    assert torch.equal(before, during)
+    (s,) = mon.stats().values()
+    assert s.rows.shape == (4,) and np.all(s.rows == s.rows[0]) and s.rows[0] > 0
+
+
+def test_sdpa_calls_the_fused_kernel_cannot_reproduce_run_sdpa_itself():
+    """Autograd and float masks under compile=True: SDPA runs, bitwise, and the statistics are
+    still taken."""
+    model, inputs = tiny_bert("sdpa"), bert_inputs()
+    before = model(**inputs).last_hidden_state  # grad enabled: the weights require grad
+    with Monitor(model, compile=True) as mon:
+        mon.query_mask = inputs["attention_mask"].bool()
+        during = model(**inputs).last_hidden_state
+    assert torch.equal(before, during)
+    during.sum().backward()  # the graph is SDPA's own
+    assert len(mon.stats()) == 2
+    q, k, v = torch.randn(3, 1, 2, 5, 4).unbind(0)
+    bias = torch.zeros(1, 1, 5, 5)
+    bias[..., 0] = torch.finfo(torch.float32).min  # a transformers-style float mask
+    with torch.no_grad(), Monitor(model, compile=True) as mon:
+        out = mon.sdpa(model, q, k, v, attn_mask=bias)
+    assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, bias))
+    (s,) = mon.stats().values()
+    np.testing.assert_allclose(s.entropy_uniform, np.log(4))  # key 0 counted as hidden
+    # one query batch against two of keys: SDPA broadcasts it, the fused pass does not try
+    k2, v2 = torch.randn(2, 2, 2, 5, 4).unbind(0)
+    with torch.no_grad(), Monitor(model, compile=True) as mon:
+        out = mon.sdpa(model, q, k2, v2)
+    assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(q, k2, v2))
 
 
 def test_hf_gpt2_is_monitored_with_its_causal_mask():

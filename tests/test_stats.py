@@ -190,3 +190,34 @@ def test_float32_blocks_agree_with_float64():
     b = attention_stats(q.float(), k.float()).to_dict()["mean"]
     for name, value in a.items():
         assert b[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+
+
+@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("causal, n, s", [(False, 6, 9), (True, 6, 9), (True, 7, 7)])
+def test_attention_with_sums_is_sdpa_plus_the_statistics(causal, n, s, compile):
+    """The monitor's fused kernel: SDPA's output and the statistics of the same logits.
+
+    Against a float64 materialized reference for the output, against SDPA itself in float32,
+    and against ``head_sums`` of separately built logits for the statistics. One row has no
+    visible key: SDPA gives 0 there, and the statistics skip it."""
+    g = torch.Generator().manual_seed(n + s + causal)
+    q, k, v = (torch.randn(2, 3, m, 8, generator=g) for m in (n, s, s))
+    keep = torch.rand(2, 1, n, s, generator=g) > 0.3
+    keep[:, :, :, 0] = True
+    keep[1, 0, 2] = False  # a query that sees nothing
+    rows = torch.ones(2, 1, n, dtype=torch.bool)
+    rows[0, 0, 1] = False  # a padding query row
+    fused = stats_module.maybe_compiled(stats_module.attention_with_sums, compile)
+    out, sums, head_max = fused(q, k, v, keep, causal, 0.3, rows)
+
+    full = keep & torch.ones(n, s, dtype=torch.bool).tril() if causal else keep
+    z = (q.double() @ k.double().transpose(-2, -1)) * 0.3
+    z = z.masked_fill(~full, float("-inf"))
+    ref = torch.nan_to_num(torch.softmax(z, -1)) @ v.double()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, full, scale=0.3)
+    torch.testing.assert_close(out, sdpa, rtol=1e-6, atol=1e-6)
+    assert torch.all(out[1, :, 2] == 0)
+    want, want_max = stats_module.head_sums(z, rows, True)
+    torch.testing.assert_close(sums, want.to(sums.dtype), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(head_max.double(), want_max.double(), rtol=1e-6, atol=1e-6)

@@ -8,17 +8,29 @@
 
 What is captured, in TransformerLens terms: the statistics are of ``attn_scores`` -- the
 pre-softmax logits after scaling and masking -- and of the ``pattern`` softmax(attn_scores) they
-produce (entropy, max weight, effective keys). They are computed from the q and k entering the
-attention function, so the model's own output is untouched: the monitored call runs the model's
-original attention code with the same arguments.
+produce (entropy, max weight, effective keys), computed from the q and k entering the attention
+function.
 
-Sources:
+Sources, and what happens to the model's output:
 
-* :class:`attnscale.nn.MultiheadSelfAttention`, through its ``capture`` hook;
-* :class:`torch.nn.MultiheadAttention`, through a forward pre-hook that re-projects q and k;
+* :class:`attnscale.nn.MultiheadSelfAttention`, through its ``capture`` hook: the module's own
+  code runs, output bitwise unchanged;
+* :class:`torch.nn.MultiheadAttention`, through a forward pre-hook that re-projects q and k:
+  bitwise unchanged;
 * Hugging Face transformers models, through transformers' ``AttentionInterface``: a registered
-  attention function records the statistics and then calls the implementation the model was
-  using (sdpa or eager), with the mask format of that implementation (``AttentionMaskInterface``).
+  attention function stands in for the implementation the model was using, with that
+  implementation's mask format (``AttentionMaskInterface``).
+
+  - ``eager``: the statistics are recorded, then the model's own eager function runs: bitwise
+    unchanged.
+  - ``sdpa``: transformers' sdpa function runs, and its call to
+    ``F.scaled_dot_product_attention`` is answered by :meth:`Monitor.sdpa`, so the statistics
+    are of SDPA's real arguments. By default SDPA itself runs (bitwise unchanged) and the
+    logits are computed a second time for the statistics. With ``compile=True`` one pass gives
+    both the output and the statistics: attnscale's native kernel (:mod:`attnscale.native`,
+    float32 on x86), else the ``torch.compile``-d :func:`attnscale.stats.attention_with_sums`.
+    The output then equals SDPA's to float rounding (tests hold it within 1e-6; the native
+    kernel follows SDPA's CPU kernel step by step and matched it bitwise on MiniLM).
 
 Counterfactuals (``counterfactuals=True``) recompute the statistics as if the model had used
 another score on the same q and k: ``dot`` (no 1/√d factor) and ``cosine`` at τ = 1.
@@ -28,14 +40,25 @@ from __future__ import annotations
 
 import itertools
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
+from attnscale import native
 from attnscale.nn import MultiheadSelfAttention
-from attnscale.stats import AttentionStats, StatsAccumulator
+from attnscale.stats import (
+    SATURATION,
+    AttentionStats,
+    StatsAccumulator,
+    _query_mask,
+    attention_with_sums,
+    maybe_compiled,
+)
 
 COUNTERFACTUALS: dict[str, dict[str, Any]] = {
     "dot": {"score": "dot"},
@@ -55,9 +78,13 @@ class Monitor:
             is watched through its attention interface.
         counterfactuals: also record the statistics under the scores in :data:`COUNTERFACTUALS`.
         every: record one call in ``every`` per layer (1 = every call).
-        compile: fuse the statistics with ``torch.compile`` (about 10× less time per call once
-            compiled; the first call compiles, a few seconds with a warm inductor cache, longer
-            cold). Off by default so that short runs pay nothing up front.
+        compile: answer SDPA calls with one fused pass (see the module docstring) and fuse the
+            other statistics with ``torch.compile``. On MiniLM this takes the cost of watching
+            every call from about 50% of a forward pass to about 1%
+            (``benchmarks/monitor_overhead.py``). The native kernel builds once per machine
+            (about 30 s, then cached); counterfactuals compile on first use (a few seconds with
+            a warm inductor cache, longer cold). Off by default so that short runs pay nothing
+            up front.
     """
 
     def __init__(
@@ -80,6 +107,7 @@ class Monitor:
         self._acc: dict[str, dict[str, StatsAccumulator]] = {}
         self._calls: dict[str, int] = {}
         self._undo: list[Callable[[], None]] = []
+        self._fused_failed = False
 
     # -- public -------------------------------------------------------------------------------
 
@@ -119,11 +147,65 @@ class Monitor:
     def record(self, module: nn.Module, q: Tensor, k: Tensor, call: dict[str, Any]) -> None:
         """Add one attention call: q (B, H, N, d), k (B, Hkv, N, d), ``call`` the keyword
         arguments of :func:`attnscale.attention` that the model used."""
+        name = self._sampled(module)
+        if name is not None:
+            self._add(name, q, k, call, measured=None)
+
+    def sdpa(self, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+             attn_mask: Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+             scale: float | None = None, enable_gqa: bool = False, **extra: Any) -> Tensor:
+        """Stand-in for ``F.scaled_dot_product_attention`` called by ``module``.
+
+        With ``compile=False`` SDPA itself runs and the statistics are computed beside it, from
+        the same q and k. With ``compile=True`` one pass gives both the output and the
+        statistics (:func:`_attend_and_measure`); calls that pass cannot reproduce (dropout,
+        autograd, half precision, float masks, another device than the CPU, arguments SDPA
+        would reject) run SDPA itself as without compile."""
+        args = (query, key, value, attn_mask, dropout_p, is_causal)
+        kwargs = {"scale": scale, "enable_gqa": enable_gqa, **extra}
+        name = self._sampled(module)
+        if name is None:
+            return F.scaled_dot_product_attention(*args, **kwargs)
+        call = {"attn_mask": _stats_mask(attn_mask), "is_causal": is_causal, "scale": scale,
+                "enable_gqa": enable_gqa, "score": "scaled_dot"}
+        fuse = (self.compile and not extra and not self._fused_failed
+                and _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa))
+        if fuse:
+            rows = self._rows(query)
+            s = query.shape[-1] ** -0.5 if scale is None else scale
+            try:
+                out, sums, head_max = _attend_and_measure(query, key, value, attn_mask,
+                                                          bool(is_causal), s, rows)
+            except Exception as err:  # e.g. torch.compile without a C++ compiler
+                warnings.warn(f"attnscale monitor: the fused pass failed ({err!r}); SDPA runs "
+                              "and the statistics are computed beside it", stacklevel=2)
+                self._fused_failed = True
+            else:
+                self._add(name, query, key, call, measured=(sums, head_max))
+                return out
+        if query.shape[0] != key.shape[0]:  # SDPA broadcasts a batch of 1: so do the statistics
+            b = max(query.shape[0], key.shape[0])
+            query, key = (t.expand(b, *t.shape[1:]) if t.shape[0] == 1 else t for t in (query, key))
+        self._add(name, query, key, call, measured=None)
+        return F.scaled_dot_product_attention(*args, **kwargs)
+
+    def _rows(self, query: Tensor) -> Tensor:
+        """The query rows that count, (B, N) bool on the query's device."""
+        b, n = query.shape[0], query.shape[2]
+        if not _fits(self.query_mask, query):
+            return torch.ones(b, n, dtype=torch.bool, device=query.device)
+        return _query_mask(self.query_mask, b, n).to(query.device)
+
+    def _sampled(self, module: nn.Module) -> str | None:
+        """The layer name if this call of ``module`` is one to record (every ``every``-th)."""
         name = self.names.get(id(module), f"attention{len(self._acc)}")
         count = self._calls.get(name, 0)
         self._calls[name] = count + 1
-        if count % self.every:
-            return
+        return None if count % self.every else name
+
+    def _add(self, name: str, q: Tensor, k: Tensor, call: dict[str, Any], measured) -> None:
+        """Accumulate every variant of one call; ``measured`` the actual variant's
+        (sums, max) when the fused kernel already computed them."""
         q, k = q.detach(), k.detach()
         call = {n: v.detach() if isinstance(v, Tensor) else v for n, v in call.items()}
         variants = {ACTUAL: call}
@@ -134,7 +216,10 @@ class Monitor:
         qmask = self.query_mask if _fits(self.query_mask, q) else None
         for label, kwargs in variants.items():
             acc = accs.setdefault(label, StatsAccumulator(q.shape[1], compile=self.compile))
-            acc.update(q, k, query_mask=qmask, **kwargs)
+            if label == ACTUAL and measured is not None:
+                acc.add_sums(*measured)
+            else:
+                acc.update(q, k, query_mask=qmask, **kwargs)
 
     # -- sources --------------------------------------------------------------------------------
 
@@ -174,12 +259,16 @@ class Monitor:
         name = f"{_HF_NAME}_{next(_ids)}"
 
         def monitored(module, query, key, value, attention_mask, **kwargs):
-            q, k, call = _hf_inputs(query, key, attention_mask, kwargs, module)
-            self.record(module, q, k, call)
-            if original == "eager":  # the model's own eager code lives in its modeling file
-                fn = sys.modules[type(module).__module__].eager_attention_forward
-            else:
-                fn = ALL_ATTENTION_FUNCTIONS[original]
+            def record() -> None:
+                self.record(module, *_hf_inputs(query, key, attention_mask, kwargs, module))
+
+            if original == "sdpa":  # transformers' own sdpa code, with SDPA itself watched
+                with _WatchSDPA(self, module, tuple(query.shape[1:3]), record):
+                    return ALL_ATTENTION_FUNCTIONS["sdpa"](
+                        module, query, key, value, attention_mask, **kwargs)
+            record()
+            # the model's own eager code, from its modeling file: bitwise the same output
+            fn = sys.modules[type(module).__module__].eager_attention_forward
             return fn(module, query, key, value, attention_mask, **kwargs)
 
         AttentionInterface.register(name, monitored)
@@ -192,6 +281,92 @@ class Monitor:
         self._undo.append(undo)
 
 
+class _WatchSDPA(TorchFunctionMode):
+    """Routes ``F.scaled_dot_product_attention`` calls made inside it (in this thread) to
+    :meth:`Monitor.sdpa`, so the statistics are those of SDPA's real arguments -- after the
+    model's own key/value head repetition and mask handling -- and cost no second logits
+    product. Every other torch call passes through unchanged.
+
+    ``heads_rows`` is (H, N) of the query the model passed in. A call whose query has another
+    layout -- transformers packs the query heads of grouped-query decoding into the row axis --
+    runs SDPA itself, and ``fallback()`` records the statistics from the model's own arguments.
+    """
+
+    def __init__(self, monitor: Monitor, module: nn.Module, heads_rows: tuple[int, int],
+                 fallback: Callable[[], None]) -> None:
+        super().__init__()
+        self.monitor, self.module = monitor, module
+        self.heads_rows, self.fallback = heads_rows, fallback
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        query = args[0] if args else kwargs["query"]
+        if tuple(query.shape[1:3]) == self.heads_rows:
+            return self.monitor.sdpa(self.module, *args, **kwargs)
+        self.fallback()
+        return func(*args, **kwargs)
+
+
+def _attend_and_measure(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, is_causal: bool,
+                        scale: float, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """SDPA's output and the statistics of its logits in one pass: attnscale's native kernel
+    for float32 on an x86 CPU (:mod:`attnscale.native`), else the ``torch.compile``-d Python
+    version, :func:`attnscale.stats.attention_with_sums`. ``rows`` (B, N) bool."""
+    kernel = native.fused_kernel() if q.device.type == "cpu" and q.dtype == torch.float32 else None
+    if kernel is not None:
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        b, h, n, s = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        mask = None if keep is None else keep.expand(b, h, n, s)
+        return kernel(q, k, v, mask, is_causal, scale, rows.contiguous(), SATURATION)
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: repeat the key/value heads
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    fused = maybe_compiled(attention_with_sums, True)
+    return fused(q, k, v, keep, is_causal, scale, rows[:, None, :])
+
+
+def _fusable(query: Tensor, key: Tensor, value: Tensor, attn_mask, dropout_p: float,
+             is_causal: bool, enable_gqa: bool) -> bool:
+    """Whether the fused pass reproduces this SDPA call: no dropout, no autograd, float32 or
+    float64 on the CPU, one batch size, a bool mask or none, and arguments SDPA itself accepts
+    (anything else runs SDPA, which raises its own errors)."""
+    tensors = (query, key, value)
+    if not all(isinstance(t, Tensor) and t.dim() == 4 and t.numel() for t in tensors):
+        return False
+    b, h, n, d = query.shape
+    hkv, s = key.shape[1], key.shape[2]
+    return (
+        dropout_p == 0.0
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        and all(t.device.type == "cpu" and t.dtype == query.dtype for t in tensors)
+        and query.dtype in (torch.float32, torch.float64)
+        and key.shape[0] == value.shape[0] == b and key.shape[3] == d
+        and tuple(value.shape[1:3]) == (hkv, s)
+        and (h == hkv or (enable_gqa and h % hkv == 0))
+        and (attn_mask is None or (_bool_mask_fits(attn_mask, (b, h, n, s)) and not is_causal))
+    )
+
+
+def _bool_mask_fits(mask: Tensor, shape: tuple[int, ...]) -> bool:
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.device.type != "cpu":
+        return False
+    try:
+        return torch.broadcast_shapes(mask.shape, shape) == shape
+    except RuntimeError:
+        return False
+
+
+def _stats_mask(mask: Tensor | None) -> Tensor | None:
+    """A mask as the statistics read it: transformers' float masks use finfo.min, not −inf,
+    for "masked"; make that −inf so the statistics exclude those keys instead of counting a huge
+    negative logit."""
+    if mask is None or mask.dtype == torch.bool:
+        return mask
+    return mask.masked_fill(mask <= torch.finfo(mask.dtype).min / 2, float("-inf"))
+
+
 def _is_hf_model(model: nn.Module) -> bool:
     return hasattr(model, "config") and hasattr(model, "set_attn_implementation")
 
@@ -202,11 +377,7 @@ def _fits(query_mask: Tensor | None, q: Tensor) -> bool:
 
 def _hf_inputs(query, key, attention_mask, kwargs, module) -> tuple[Tensor, Tensor, dict]:
     """q, k and attnscale.attention arguments equivalent to one transformers attention call."""
-    mask = attention_mask
-    if mask is not None and mask.dtype != torch.bool:
-        # transformers' eager masks use finfo.min, not −inf, for "masked": make them −inf so the
-        # statistics exclude those keys instead of counting a huge negative logit.
-        mask = mask.masked_fill(mask <= torch.finfo(mask.dtype).min / 2, float("-inf"))
+    mask = _stats_mask(attention_mask)
     if mask is not None:
         mask = mask[..., : key.shape[-2]]
     is_causal = kwargs.get("is_causal")

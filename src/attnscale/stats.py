@@ -176,13 +176,12 @@ class StatsAccumulator:
                   "saturated_fraction", "jacobian_norm", "logsumexp", "z_loss")
 
     def __init__(self, heads: int, compile: bool = False) -> None:
-        z = lambda: np.zeros(heads)  # noqa: E731
         self.heads = heads
         self.compile = compile
-        self.rows, self.norm_rows, self.entries = z(), z(), z()
-        self.row_sums = {name: z() for name in self.ROW_FIELDS}
-        self.norm_entropy = z()
-        self.logit_sum, self.logit_sq, self.max_abs = z(), z(), z()
+        # Kept as tensors where the blocks live, so a call costs two small in-place ops and no
+        # host copy (the monitor adds one per layer per forward pass); numpy in result().
+        self._sums: Tensor | None = None  # (H, len(SUM_FIELDS)) float64
+        self._max: Tensor | None = None  # (H,) float64
 
     def update(
         self,
@@ -261,28 +260,37 @@ class StatsAccumulator:
         b, c = logits.shape[0], logits.shape[2]
         if rows_kept is None:
             rows_kept = torch.ones((b, 1, c), dtype=torch.bool, device=logits.device)
-        sums, head_max = _head_sums_fn(self.compile)(logits, rows_kept, hidden_keys)
-        sums = sums.cpu().numpy()
-        for i, name in enumerate(SUM_FIELDS):
-            if name in self.row_sums:
-                self.row_sums[name] += sums[:, i]
-            else:
-                setattr(self, name, getattr(self, name) + sums[:, i])
-        self.max_abs = np.maximum(self.max_abs, head_max.double().cpu().numpy())
+        self.add_sums(*maybe_compiled(head_sums, self.compile)(logits, rows_kept, hidden_keys))
+
+    def add_sums(self, sums: Tensor, head_max: Tensor) -> None:
+        """Add per-head sums as :func:`head_sums` returns them: (H, len(SUM_FIELDS)) and (H,)."""
+        sums, head_max = sums.detach().double(), head_max.detach().double()
+        if self._sums is None:
+            self._sums, self._max = sums.clone(), head_max.clone()
+        else:
+            self._sums += sums.to(self._sums.device)
+            torch.maximum(self._max, head_max.to(self._max.device), out=self._max)
 
     def result(self) -> AttentionStats:
+        if self._sums is None:
+            totals, max_abs = np.zeros((self.heads, len(SUM_FIELDS))), np.zeros(self.heads)
+        else:
+            totals, max_abs = self._sums.cpu().numpy(), self._max.cpu().numpy()
+        t = {name: totals[:, i] for i, name in enumerate(SUM_FIELDS)}
+
+        def per(name: str, count: str) -> np.ndarray:
+            return t[name] / np.where(t[count] > 0, t[count], np.nan)
+
         with np.errstate(invalid="ignore", divide="ignore"):
-            rows = np.where(self.rows > 0, self.rows, np.nan)
-            mean = self.logit_sum / np.where(self.entries > 0, self.entries, np.nan)
-            var = self.logit_sq / np.where(self.entries > 0, self.entries, np.nan) - mean**2
-            norm_rows = np.where(self.norm_rows > 0, self.norm_rows, np.nan)
+            mean = per("logit_sum", "entries")
+            var = per("logit_sq", "entries") - mean**2
             return AttentionStats(
-                rows=self.rows,
+                rows=t["rows"],
                 logit_mean=mean,
                 logit_std=np.sqrt(np.maximum(var, 0.0)),
-                max_abs_logit=self.max_abs,
-                entropy_normalized=self.norm_entropy / norm_rows,
-                **{name: s / rows for name, s in self.row_sums.items()},
+                max_abs_logit=max_abs,
+                entropy_normalized=per("norm_entropy", "norm_rows"),
+                **{name: per(name, "rows") for name in self.ROW_FIELDS},
             )
 
 
@@ -323,14 +331,27 @@ def head_sums(z: Tensor, rows_kept: Tensor, hidden_keys: bool = True) -> tuple[T
     ln Σ exp ℓ = m + ln Σe; H = ln Σe − Σe(ℓ − m)/Σe; max p = 1/Σe; Σp^k = Σe^k/(Σe)^k.
     Returns the (H, len(SUM_FIELDS)) float64 sums over batch and rows, and max |ℓ| per head (H,).
     Plain tensor code, one expression graph, so ``torch.compile`` fuses it into a few loops.
+    Precision: ‖J‖_F = √(Σp² − 2Σp³ + (Σp²)²) subtracts terms of size 1, so in float32 a near
+    one-hot row keeps it to about 1e-3 absolute; the other statistics keep float32's accuracy.
     """
+    m, e = _shifted_exp(z, hidden_keys)
+    return _sums(z, m, e, rows_kept, hidden_keys)
+
+
+def _shifted_exp(z: Tensor, hidden_keys: bool) -> tuple[Tensor, Tensor]:
+    """Row max m (B, H, c, 1), 0 for a row with no visible key, and e = exp(z − m)."""
     m = z.amax(-1, keepdim=True)
     if hidden_keys:
-        vis = z > float("-inf")
         m = torch.where(m > float("-inf"), m, torch.zeros_like(m))  # fully masked row
+    return m, torch.exp(z - m)
+
+
+def _sums(z: Tensor, m: Tensor, e: Tensor, rows_kept: Tensor, hidden_keys: bool):
+    """:func:`head_sums` given the row max and exponentials (shared with the attention
+    output in :func:`attention_with_sums`, so they are computed once)."""
     zc = z - m
-    e = torch.exp(zc)
     if hidden_keys:
+        vis = z > float("-inf")
         zc = torch.where(vis, zc, torch.zeros_like(zc))
         zv = torch.where(vis, z, torch.zeros_like(z))
         n_vis = vis.sum(-1).to(z.dtype)
@@ -372,16 +393,45 @@ def head_sums(z: Tensor, rows_kept: Tensor, hidden_keys: bool = True) -> tuple[T
     return sums, row_max.amax(dim=(0, 2))
 
 
-_COMPILED: dict[str, Any] = {}
+def attention_with_sums(
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, is_causal: bool, scale: float,
+    rows_kept: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Scaled dot-product attention computed from materialized logits, with :func:`head_sums`
+    of those same logits: (output (B, H, N, Dv), sums (H, F), max |ℓ| (H,)).
+
+    q (B, H, N, d), k and v (B, H, S, ·) with equal head counts; ``keep`` a bool mask
+    broadcasting to (B, H, N, S) (True = attend) or None; ``is_causal`` aligned to the upper left
+    like SDPA. The order of operations follows PyTorch's CPU flash kernel (scale after the
+    product, normalize after the value product), so the output matches SDPA to float rounding
+    (``tests/test_monitor.py`` holds it within 1e-6); a row with no visible key gives 0 as SDPA
+    does. One expression graph: ``torch.compile`` fuses the softmax with the statistics, so the
+    monitor pays for one logits product instead of two.
+    """
+    z = (q @ k.transpose(-2, -1)) * scale  # (B, H, N, S)
+    hidden = keep is not None or is_causal
+    if is_causal:
+        causal = torch.ones(z.shape[-2:], dtype=torch.bool, device=z.device).tril()
+        keep = causal if keep is None else keep & causal
+    if keep is not None:
+        z = z.masked_fill(~keep, float("-inf"))
+    m, e = _shifted_exp(z, hidden)
+    sums, head_max = _sums(z, m, e, rows_kept, hidden)
+    total = e.sum(-1, keepdim=True)  # (B, H, N, 1)
+    out = torch.where(total > 0, (e @ v) / total.clamp_min(1e-30), torch.zeros((), dtype=v.dtype))
+    return out, sums, head_max
 
 
-def _head_sums_fn(compile: bool):
-    """``head_sums``, compiled once per process when asked."""
+_COMPILED: dict[Any, Any] = {}
+
+
+def maybe_compiled(fn, compile: bool):
+    """``fn``, compiled once per process when asked."""
     if not compile:
-        return head_sums
-    if "fn" not in _COMPILED:
-        _COMPILED["fn"] = torch.compile(head_sums, dynamic=True)
-    return _COMPILED["fn"]
+        return fn
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
 
 
 def _query_mask(query_mask: Tensor | None, b: int, nq: int) -> Tensor | None:
