@@ -49,10 +49,10 @@ def reference(q, k, v, keep, causal, scale, rows):
     return attention_with_sums(q.double(), k, v, keep, causal, scale, rows[:, None, :])
 
 
-def run(kernel, q, k, v, keep, causal, scale, rows):
+def run(kernel, q, k, v, keep, causal, scale, rows, with_output=True):
     b, h, n, s = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     mask = None if keep is None else keep.expand(b, h, n, s)
-    return kernel(q, k, v, mask, causal, scale, rows.contiguous(), SATURATION)
+    return kernel(q, k, v, mask, causal, scale, rows.contiguous(), SATURATION, with_output)
 
 
 def check(kernel, q, k, v, keep, causal, rows, scale=0.35, sdpa_tol=1e-6):

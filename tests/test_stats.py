@@ -221,3 +221,40 @@ def test_attention_with_sums_is_sdpa_plus_the_statistics(causal, n, s, compile):
     want, want_max = stats_module.head_sums(z, rows, True)
     torch.testing.assert_close(sums, want.to(sums.dtype), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(head_max.double(), want_max.double(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "score, params, native_path",
+    [("scaled_dot", {}, True), ("dot", {}, True), ("mup", {}, True),
+     ("cosine", {"tau": 4.0}, True), ("qk_layernorm", {}, True), ("qk_rmsnorm", {}, True),
+     ("cosine", {"tau": torch.tensor([1.0, 5.0, 9.0])}, True),  # per-head τ: in the queries
+     ("log_length", {"s": 1.0}, False), ("softcap", {"cap": 3.0}, False)],
+)
+def test_compiled_accumulator_equals_eager(score, params, native_path, monkeypatch):
+    """compile=True takes the native kernel's statistics-only pass where the score is one
+    scalar times a product, and the torch.compile path otherwise; both equal the eager sums."""
+    from attnscale import native
+
+    if native.fused_kernel() is None:
+        pytest.skip(native.unavailable_reason())
+    calls = []
+    kernel = native.fused_kernel()
+    monkeypatch.setattr(native, "fused_kernel", lambda: lambda *a: calls.append(1) or kernel(*a))
+    g = torch.Generator().manual_seed(9)
+    q, k = (torch.randn(2, 3, 11, 16, generator=g) * 1.2 for _ in range(2))
+    keep = torch.rand(2, 1, 11, 11, generator=g) > 0.3
+    keep[..., 0] = True
+    qmask = torch.rand(2, 11, generator=g) > 0.2
+    results = {}
+    for compile in (False, True):
+        acc = stats_module.StatsAccumulator(3, compile=compile)
+        acc.update(q, k, keep, score=score, query_mask=qmask, **params)
+        acc.update(q, k, is_causal=True, score=score, **params)
+        results[compile] = acc.result()
+    assert bool(calls) == native_path
+    for field in ("entropy", "max_weight", "effective_keys", "logit_std", "max_abs_logit",
+                  "saturated_fraction", "logsumexp", "entropy_uniform", "rows"):
+        np.testing.assert_allclose(getattr(results[True], field), getattr(results[False], field),
+                                   rtol=2e-5, atol=1e-5, err_msg=field)
+    np.testing.assert_allclose(results[True].jacobian_norm, results[False].jacobian_norm,
+                               atol=1e-3)  # float32 near saturation: see head_sums

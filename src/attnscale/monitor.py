@@ -319,7 +319,7 @@ def _attend_and_measure(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, is
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
         b, h, n, s = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         mask = None if keep is None else keep.expand(b, h, n, s)
-        return kernel(q, k, v, mask, is_causal, scale, rows.contiguous(), SATURATION)
+        return kernel(q, k, v, mask, is_causal, scale, rows.contiguous(), SATURATION, True)
     if k.shape[1] != q.shape[1]:  # grouped-query attention: repeat the key/value heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)

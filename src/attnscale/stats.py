@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnscale import native
 from attnscale.attention import _check_inputs, _expand_key_head_params, _normalize_mask
 from attnscale.scores import Context, Score, get_score, resolve_params
 
@@ -168,8 +169,10 @@ class StatsAccumulator:
     """Running per-head sums over many attention calls; :meth:`result` gives the statistics.
 
     Block math runs in float32 (float64 for float64 inputs); sums accumulate in float64.
-    ``compile=True`` runs the per-block row reductions through ``torch.compile`` (one fused pass
-    instead of about a dozen; the first call compiles, a few seconds with a warm cache).
+    ``compile=True`` uses compiled code: the native kernel's statistics-only pass for float32 on
+    the CPU where the score allows (:meth:`_native_update`), else the per-block row reductions
+    through ``torch.compile`` (one fused pass instead of about a dozen; the first call
+    compiles, a few seconds with a warm cache).
     """
 
     ROW_FIELDS = ("entropy", "entropy_uniform", "max_weight", "effective_keys",
@@ -214,6 +217,9 @@ class StatsAccumulator:
         qmask = _query_mask(query_mask, b, nq)
         work = torch.float64 if q.dtype == torch.float64 else torch.float32
         with torch.no_grad():
+            if self.compile and self._native_update(sc, params, q, k, scale, mask, is_causal,
+                                                    qmask):
+                return
             nk = k.shape[-2]
             for rows, keep, bias in _blocks(mask, is_causal, (b, h, nq, nk), q.device):
                 ctx = Context(head_dim=d, n_visible=lambda keep=keep: _n_visible(keep, nk))
@@ -221,6 +227,41 @@ class StatsAccumulator:
                 rows_kept = None if qmask is None else qmask[:, None, rows]
                 masked = _apply_mask(logits, keep, bias, inplace=True)
                 self.add(masked, rows_kept=rows_kept, hidden_keys=keep is not None)
+
+    def _native_update(self, sc: Score, params, q: Tensor, k: Tensor, scale, mask, is_causal,
+                       qmask) -> bool:
+        """Add the statistics in one pass of the native kernel (:mod:`attnscale.native`, its
+        statistics-only mode) where it applies: float32 on the CPU, a bool mask or none, and a
+        score that is one scalar times the product of its prepared q and k (no ``mod``, no
+        per-row or per-head scale). Returns whether it did."""
+        if sc.mod is not None or q.dtype != torch.float32 or q.device.type != "cpu":
+            return False
+        if mask is not None and mask.dtype != torch.bool:
+            return False
+        kernel = native.fused_kernel()
+        if kernel is None:
+            return False
+        b, h, nq, d = q.shape
+        nk = k.shape[-2]
+
+        def per_row_counts() -> Tensor:  # a length-dependent scale: not this path
+            raise _PerRowScale
+
+        try:
+            qp, kp, s = sc.prepare(q, k, scale, params, Context(d, per_row_counts))
+        except _PerRowScale:
+            return False
+        if isinstance(s, Tensor):
+            if s.numel() != 1:
+                return False
+            s = s.item()
+        keep = None if mask is None else mask.expand(b, h, nq, nk)
+        rows = torch.ones(b, nq, dtype=torch.bool) if qmask is None else qmask.contiguous()
+        qp, kp = (t if t.stride(-1) == 1 else t.contiguous() for t in (qp, kp))
+        _, sums, head_max = kernel(qp, kp, kp, keep, bool(is_causal), float(s), rows,
+                                   SATURATION, False)
+        self.add_sums(sums, head_max)
+        return True
 
     def update_logits(
         self,
@@ -315,6 +356,10 @@ def _apply_mask(z: Tensor, keep: Tensor | None, bias: Tensor | None, inplace: bo
         z = z.add_(bias) if inplace else z + bias
         inplace = True
     return z.masked_fill_(~keep, float("-inf")) if inplace else z.masked_fill(~keep, float("-inf"))
+
+
+class _PerRowScale(Exception):
+    """A score asked for per-row visible counts: its scale varies by row."""
 
 
 # The per-head sums :meth:`StatsAccumulator.add` keeps, in the order ``head_sums`` returns them.

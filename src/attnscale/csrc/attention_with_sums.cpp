@@ -156,11 +156,12 @@ void add_row(double* acc, const Sums& r, float m, int64_t n_vis, double saturati
 // of Hkv (query head h reads key/value head h / (H / Hkv), as SDPA's enable_gqa); keep a bool
 // tensor expanded to (B, H, N, S) or undefined; rows_kept (B, N) contiguous bool; a row is
 // saturated when its largest weight exceeds `saturation` (stats.SATURATION). Returns out
-// (B, H, N, Dv), sums (H, kFields) float64 and max |logit| (H,) float64.
+// (B, H, N, Dv) -- an empty tensor when with_output is false, the statistics alone -- sums
+// (H, kFields) float64 and max |logit| (H,) float64.
 std::vector<at::Tensor> attention_with_sums(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const c10::optional<at::Tensor>& keep_opt, bool is_causal, double scale_d,
-    const at::Tensor& rows_kept, double saturation) {
+    const at::Tensor& rows_kept, double saturation, bool with_output) {
   for (const at::Tensor* t : {&q, &k, &v}) {
     TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->dim() == 4 &&
                     t->stride(3) == 1,
@@ -184,7 +185,8 @@ std::vector<at::Tensor> attention_with_sums(
   const float scale = static_cast<float>(scale_d);
   // (B, H, N, Dv) stored as (B, N, H, Dv), SDPA's own output layout: the models' next step,
   // transpose(1, 2).contiguous(), is then free.
-  auto out = at::empty({B, N, H, Dv}, q.options()).permute({0, 2, 1, 3});
+  auto out = with_output ? at::empty({B, N, H, Dv}, q.options()).permute({0, 2, 1, 3})
+                        : at::empty({0}, q.options());
   auto partial = at::zeros({B, H, kFields}, q.options().dtype(at::kDouble));
   auto partial_max = at::zeros({B, H}, q.options().dtype(at::kDouble));
   const bool has_keep = keep_opt.has_value() && keep_opt->defined();
@@ -205,7 +207,7 @@ std::vector<at::Tensor> attention_with_sums(
       const float* qb = qp + b * qs0 + h * qs1;
       const float* kb = kp + b * ks0 + hk * ks1;
       const float* vb = vp + b * vs0 + hk * vs1;
-      float* ob = op + b * N * H * Dv + h * Dv;  // row i at ob + i * H * Dv
+      float* ob = with_output ? op + b * N * H * Dv + h * Dv : nullptr;  // row i: + i·H·Dv
       double* acc = pp + bh * kFields;
       double head_max = 0;
       for (int64_t c = 0; c < D; ++c) {  // kᵀ, so the product runs along contiguous keys
@@ -247,7 +249,9 @@ std::vector<at::Tensor> attention_with_sums(
           }
           inv[r] = 1.f / sums.s0;
         }
-        pv_rows<R>(z.data(), width, S, vb, vs2, Dv, inv, ob + i0 * H * Dv, H * Dv);
+        if (with_output) {
+          pv_rows<R>(z.data(), width, S, vb, vs2, Dv, inv, ob + i0 * H * Dv, H * Dv);
+        }
       };
       int64_t i0 = 0;
       for (; i0 + kRows <= N; i0 += kRows) rows(std::integral_constant<int, kRows>(), i0);
