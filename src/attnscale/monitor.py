@@ -78,13 +78,14 @@ class Monitor:
             is watched through its attention interface.
         counterfactuals: also record the statistics under the scores in :data:`COUNTERFACTUALS`.
         every: record one call in ``every`` per layer (1 = every call).
-        compile: answer SDPA calls with one fused pass (see the module docstring) and fuse the
-            other statistics with ``torch.compile``. On MiniLM this takes the cost of watching
-            every call from about 50% of a forward pass to about 1%
-            (``benchmarks/monitor_overhead.py``). The native kernel builds once per machine
-            (about 30 s, then cached); counterfactuals compile on first use (a few seconds with
-            a warm inductor cache, longer cold). Off by default so that short runs pay nothing
-            up front.
+        compile: answer SDPA calls with one fused pass (see the module docstring), and take
+            the other statistics (counterfactuals, other sources) from the native kernel's
+            statistics-only pass or ``torch.compile`` (:class:`StatsAccumulator`). On MiniLM
+            this takes the cost of watching every call from 30-55% of a forward pass to about
+            1%, 17% with counterfactuals (``benchmarks/monitor_overhead.py``). The native kernel
+            builds once per machine (about 30 s, then cached); ``torch.compile`` compiles on
+            first use (a few seconds with a warm inductor cache, longer cold). Off by default so
+            that short runs pay nothing up front.
     """
 
     def __init__(
