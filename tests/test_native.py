@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnscale import native
-from attnscale.stats import SATURATION, SUM_FIELDS, attention_with_sums
+from attnscale.stats import SUM_FIELDS, attention_with_sums
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +49,8 @@ def reference(q, k, v, keep, causal, scale, rows):
     return attention_with_sums(q.double(), k, v, keep, causal, scale, rows[:, None, :])
 
 
-def run(kernel, q, k, v, keep, causal, scale, rows, with_output=True):
-    b, h, n, s = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-    mask = None if keep is None else keep.expand(b, h, n, s)
-    return kernel(q, k, v, mask, causal, scale, rows.contiguous(), SATURATION, with_output)
-
-
 def check(kernel, q, k, v, keep, causal, rows, scale=0.35, sdpa_tol=1e-6):
-    out, sums, head_max = run(kernel, q, k, v, keep, causal, scale, rows)
+    out, sums, head_max = kernel(q, k, v, keep, causal, scale, rows)
     want, want_sums, want_max = reference(q, k, v, keep, causal, scale, rows)
     assert out.shape == want.shape and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=2e-6)
@@ -94,7 +88,7 @@ def test_matches_reference_and_sdpa(kernel, b, h, hkv, n, s, d, dv, mask, causal
 def test_row_with_no_visible_key_gives_zero_and_is_skipped(kernel):
     q, k, v, keep, _, rows = case(1, 1, 2, 2, 4, 6, 8, 8, "full", False)
     keep[0, 1, 2] = False
-    out, sums, _ = run(kernel, q, k, v, keep, False, 0.5, rows)
+    out, sums, _ = kernel(q, k, v, keep, False, 0.5, rows)
     assert torch.all(out[0, 1, 2] == 0)
     visible_rows = (keep.any(-1) & rows[:, None, :]).sum(dim=(0, 2)).double()
     torch.testing.assert_close(sums[:, SUM_FIELDS.index("rows")], visible_rows)
@@ -103,7 +97,7 @@ def test_row_with_no_visible_key_gives_zero_and_is_skipped(kernel):
 def test_output_layout_is_sdpas(kernel):
     """(B, H, N, Dv) stored as (B, N, H, Dv): transpose(1, 2) is contiguous, as for SDPA."""
     q, k, v, keep, causal, rows = case(2, 2, 3, 3, 6, 6, 8, 8, None, False)
-    out, _, _ = run(kernel, q, k, v, keep, causal, 0.3, rows)
+    out, _, _ = kernel(q, k, v, keep, causal, 0.3, rows)
     assert out.transpose(1, 2).is_contiguous()
 
 
@@ -124,8 +118,8 @@ def test_property_any_shape(kernel, b, hkv, group, n, s, d, dv, mask, causal, se
 def test_bad_shapes_are_refused(kernel):
     q, k, v, keep, causal, rows = case(3, 2, 2, 2, 4, 4, 8, 8, None, False)
     with pytest.raises(RuntimeError, match="k and v"):
-        run(kernel, q, k[:1], v[:1], keep, causal, 0.3, rows)  # one batch entry of keys
+        kernel(q, k[:1], v[:1], keep, causal, 0.3, rows)  # one batch entry of keys
     with pytest.raises(RuntimeError, match="float32"):
-        run(kernel, q.double(), k, v, keep, causal, 0.3, rows)
+        kernel(q.double(), k, v, keep, causal, 0.3, rows)
     with pytest.raises(RuntimeError, match="rows_kept"):
-        run(kernel, q, k, v, keep, causal, 0.3, rows[:, :2])
+        kernel(q, k, v, keep, causal, 0.3, rows[:, :2])

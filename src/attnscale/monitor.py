@@ -52,7 +52,6 @@ from torch.overrides import TorchFunctionMode
 from attnscale import native
 from attnscale.nn import MultiheadSelfAttention
 from attnscale.stats import (
-    SATURATION,
     AttentionStats,
     StatsAccumulator,
     _query_mask,
@@ -317,10 +316,7 @@ def _attend_and_measure(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, is
     version, :func:`attnscale.stats.attention_with_sums`. ``rows`` (B, N) bool."""
     kernel = native.fused_kernel() if q.device.type == "cpu" and q.dtype == torch.float32 else None
     if kernel is not None:
-        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-        b, h, n, s = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-        mask = None if keep is None else keep.expand(b, h, n, s)
-        return kernel(q, k, v, mask, is_causal, scale, rows.contiguous(), SATURATION, True)
+        return kernel(q, k, v, keep, is_causal, scale, rows)
     if k.shape[1] != q.shape[1]:  # grouped-query attention: repeat the key/value heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)

@@ -35,7 +35,10 @@ _state: dict[str, object] = {}
 
 
 def fused_kernel() -> Callable | None:
-    """The compiled ``attention_with_sums(q, k, v, keep, is_causal, scale, rows_kept)``, or None."""
+    """The kernel as ``attend(q, k, v, keep, is_causal, scale, rows_kept, with_output=True)``,
+    or None: q (B, H, N, d), k and v (B, Hkv, S, ·) float32 CPU tensors, ``keep`` a bool mask
+    broadcasting to (B, H, N, S) or None, ``rows_kept`` (B, N) bool. Returns (out (B, H, N, Dv)
+    -- empty when ``with_output`` is false --, sums (H, len(SUM_FIELDS)), max |logit| (H,))."""
     if "kernel" not in _state:
         _state["kernel"], _state["reason"] = _build()
     return _state["kernel"]  # type: ignore[return-value]
@@ -73,4 +76,19 @@ def _build() -> tuple[Callable | None, str | None]:
         return None, reason
     finally:
         os.environ["PATH"] = path
-    return module.attention_with_sums, None
+    return _calling(module.attention_with_sums), None
+
+
+def _calling(kernel: Callable) -> Callable:
+    """What every caller would otherwise repeat: the unit last stride the kernel reads, the mask
+    expanded to its full shape, the saturation threshold of attnscale.stats."""
+    from attnscale.stats import SATURATION  # stats imports this module
+
+    def attend(q, k, v, keep, is_causal, scale, rows_kept, with_output=True):
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        if keep is not None:
+            keep = keep.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        return kernel(q, k, v, keep, bool(is_causal), float(scale), rows_kept.contiguous(),
+                      SATURATION, with_output)
+
+    return attend

@@ -241,8 +241,7 @@ class StatsAccumulator:
         kernel = native.fused_kernel()
         if kernel is None:
             return False
-        b, h, nq, d = q.shape
-        nk = k.shape[-2]
+        b, nq, d = q.shape[0], q.shape[2], q.shape[3]
 
         def per_row_counts() -> Tensor:  # a length-dependent scale: not this path
             raise _PerRowScale
@@ -255,11 +254,8 @@ class StatsAccumulator:
             if s.numel() != 1:
                 return False
             s = s.item()
-        keep = None if mask is None else mask.expand(b, h, nq, nk)
-        rows = torch.ones(b, nq, dtype=torch.bool) if qmask is None else qmask.contiguous()
-        qp, kp = (t if t.stride(-1) == 1 else t.contiguous() for t in (qp, kp))
-        _, sums, head_max = kernel(qp, kp, kp, keep, bool(is_causal), float(s), rows,
-                                   SATURATION, False)
+        rows = torch.ones(b, nq, dtype=torch.bool) if qmask is None else qmask
+        _, sums, head_max = kernel(qp, kp, kp, mask, is_causal, s, rows, False)
         self.add_sums(sums, head_max)
         return True
 

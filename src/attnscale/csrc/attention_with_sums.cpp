@@ -76,7 +76,7 @@ void qk_rows(const float* q, int64_t lq, int64_t D, const float* kt, int64_t wid
              float* z) {
   constexpr int64_t V = Vec::size();
   const Vec vs(scale);
-  for (int64_t j = 0; j < width; j += 2 * V) {
+  for (int64_t j = 0; j < width;) {
     const bool pair = j + 2 * V <= width;  // width is a multiple of V, not always of 2V
     Vec a[R][2];
     for (auto& row : a) row[0] = row[1] = Vec(0.f);
@@ -93,6 +93,7 @@ void qk_rows(const float* q, int64_t lq, int64_t D, const float* kt, int64_t wid
       (a[r][0] * vs).store(z + r * width + j);
       if (pair) (a[r][1] * vs).store(z + r * width + j + V);
     }
+    j += pair ? 2 * V : V;
   }
 }
 
@@ -103,7 +104,7 @@ void pv_rows(const float* e, int64_t width, int64_t S, const float* v, int64_t l
              const float* inv, float* out, int64_t ldo) {
   constexpr int64_t V = Vec::size();
   int64_t c = 0;
-  for (; c + V <= Dv; c += 2 * V) {
+  while (c + V <= Dv) {
     const bool pair = c + 2 * V <= Dv;
     Vec a[R][2];
     for (auto& row : a) row[0] = row[1] = Vec(0.f);
@@ -120,7 +121,7 @@ void pv_rows(const float* e, int64_t width, int64_t S, const float* v, int64_t l
       (a[r][0] * Vec(inv[r])).store(out + r * ldo + c);
       if (pair) (a[r][1] * Vec(inv[r])).store(out + r * ldo + c + V);
     }
-    if (!pair) c -= V;  // one vector was done: step by V, not 2V
+    c += pair ? 2 * V : V;
   }
   for (; c < Dv; ++c) {  // fewer than V outputs left
     for (int r = 0; r < R; ++r) {
