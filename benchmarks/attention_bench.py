@@ -10,8 +10,8 @@ import json
 import time
 from pathlib import Path
 
-from attnscale import bench
-from attnscale.provenance import git_revision, machine, versions
+from attnscale.measure import bench
+from attnscale.util.provenance import git_revision, machine, versions
 
 
 def main() -> None:

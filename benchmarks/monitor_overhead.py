@@ -1,4 +1,4 @@
-"""Cost of attnscale.monitor on all-MiniLM-L6-v2 with 128-token inputs, sampling every call.
+"""Cost of attnscale.measure.monitor on all-MiniLM-L6-v2 with 128-token inputs, sampling every call.
 
     python benchmarks/monitor_overhead.py [--batch 8] [--repeats 10] [--compile [--no-native]]
                                           [--counterfactuals]
@@ -22,9 +22,9 @@ import time
 
 import torch
 
-from attnscale import native
-from attnscale.inspection import _load, resolve_model_dir
-from attnscale.monitor import Monitor
+from attnscale.measure import native
+from attnscale.measure.inspection import _load, resolve_model_dir
+from attnscale.measure.monitor import Monitor
 
 
 def main() -> None:

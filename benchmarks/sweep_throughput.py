@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnscale.store import Store
-from attnscale.sweep import Point, expand, make_executor, parse_spec, plan, record_outcome
+from attnscale.lab.store import Store
+from attnscale.lab.sweep import Point, expand, make_executor, parse_spec, plan, record_outcome
 
 GRID = """
 name = "throughput"

@@ -6,10 +6,10 @@ Usage:  PYTHONPATH=src python benchmarks/theory_agreement.py --out results/theor
 Three parts:
 
 1. REM grid: n ∈ {2, 4, 16, 64, 256, 1024, 8192} × s ∈ {0.1, 0.5, 1} ∪ {0.5, 1, 1.5, 2, 3}·s_c,
-   i.i.d. N(0, s²) logits, every quantity of :data:`attnscale.theory.QUANTITIES`.
+   i.i.d. N(0, s²) logits, every quantity of :data:`attnscale.measure.theory.QUANTITIES`.
 2. Score grid: q, k ~ N(0, I_d) for dot, scaled_dot, mup, log_length, cosine τ ∈ {1, 10},
    qk_rmsnorm, qk_layernorm over several (d, n), half of them sampling the vectors themselves.
-3. The (d_k, n, score) table of :func:`attnscale.montecarlo.theory_table`, timed.
+3. The (d_k, n, score) table of :func:`attnscale.measure.montecarlo.theory_table`, timed.
 
 Agreement rule (printed): |z| ≤ z*, where z* is the Bonferroni bound for the whole family at
 1% family-wise error, z* = Φ⁻¹(1 − 0.005/K) for K comparisons (≈ 4.4 for K ≈ 800). Quantities
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from scipy import stats
 
-from attnscale import montecarlo as mc
-from attnscale import theory as th
+from attnscale.measure import montecarlo as mc
+from attnscale.measure import theory as th
 
 NS = (2, 4, 16, 64, 256, 1024, 8192)
 ABS_SCALES = (0.1, 0.5, 1.0)

@@ -2,13 +2,13 @@
 
     python benchmarks/train_overhead.py [--blocks 8] [--d-model 128] [--out results/x.json]
 
-Three arms train the same model (the MQAR quick config of ``attnscale.train.TrainConfig`` unless
-told otherwise) through the same loop, ``attnscale.train.Trainer`` (same batches, AdamW, clipping,
+Three arms train the same model (the MQAR quick config of ``attnscale.lab.train.TrainConfig`` unless
+told otherwise) through the same loop, ``attnscale.lab.train.Trainer`` (same batches, AdamW, clipping,
 schedule, one history row every ``log_every`` = 25 steps):
 
-* ``attnscale``: :class:`attnscale.models.GPT`, attention statistics logged in every row (one
+* ``attnscale``: :class:`attnscale.lab.models.GPT`, attention statistics logged in every row (one
   extra no-grad forward of 16 sequences with the capture hook, then
-  ``attnscale.stats.attention_stats``);
+  ``attnscale.measure.stats.attention_stats``);
 * ``attnscale_nostats``: the same without statistics (the cost of the model code alone);
 * ``sdpa``: :class:`PlainGPT` below, a minimal pre-LN GPT on ``F.scaled_dot_product_attention``
   with a fused qkv projection, loaded with the *same weights* (so both compute the same function;
@@ -17,8 +17,8 @@ schedule, one history row every ``log_every`` = 25 steps):
 Blocks of 25 steps (each holding exactly one logged row) alternate between the arms, in rotating
 order, so that load on a shared machine hits all alike; the ratio is median block time / median
 sdpa block time. MFU = model FLOPs per step / step time / this machine's float32 matmul peak
-(``attnscale.bench.matmul_peak_gflops``, measured in the same process at the same thread count).
-FLOP convention as in :mod:`attnscale.bench`: forward = 2·tokens·(matmul weights, readout
+(``attnscale.measure.bench.matmul_peak_gflops``, measured in the same process at the same thread count).
+FLOP convention as in :mod:`attnscale.measure.bench`: forward = 2·tokens·(matmul weights, readout
 included) + attention 4·B·T²·d per layer, halved under the causal mask; a training step = 3×.
 """
 
@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnscale.bench import matmul_peak_gflops
-from attnscale.models import GPT
-from attnscale.provenance import git_revision, machine, versions
-from attnscale.train import TrainConfig, Trainer, num_threads
+from attnscale.measure.bench import matmul_peak_gflops
+from attnscale.lab.models import GPT
+from attnscale.util.provenance import git_revision, machine, versions
+from attnscale.lab.train import TrainConfig, Trainer, num_threads
 
 
 class PlainAttention(nn.Module):

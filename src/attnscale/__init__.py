@@ -6,13 +6,32 @@
 torch.Size([2, 4, 16, 8])
 """
 
-from attnscale.attention import attention, reference_attention
-from attnscale.scores import SCORES, Score, get_score, register
+from attnscale.core.attention import attention, reference_attention
+from attnscale.core.scores import SCORES, Score, get_score, register
 
 __version__ = "0.1.0"
+
+_LAZY = {  # heavier public names, imported on first use
+    "MultiheadSelfAttention": "attnscale.core.nn",
+    "Monitor": "attnscale.measure.monitor",
+    "attention_stats": "attnscale.measure.stats",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'attnscale' has no attribute {name!r}")
+
+
 __all__ = [
     "SCORES",
+    "Monitor",
+    "MultiheadSelfAttention",
     "Score",
+    "attention_stats",
     "__version__",
     "attention",
     "get_score",

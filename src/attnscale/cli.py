@@ -71,7 +71,7 @@ def bench(
     no_naive: Annotated[bool, typer.Option("--no-naive", help="Skip the naive baseline.")] = False,
 ) -> None:
     """Time every score against PyTorch SDPA and the naive formula (B=8, H=8, D=64, float32)."""
-    from attnscale import bench as B
+    from attnscale.measure import bench as B
 
     n_values = n or ([1024] if quick else [256, 1024, 2048])
     if any(v < 1 for v in n_values):
@@ -147,7 +147,7 @@ def sweep(
     Finished runs (done, diverged, failed) are skipped; runs a killed sweep left queued or
     running are redone. Exit status 1 if any run failed.
     """
-    from attnscale import sweep as S
+    from attnscale.lab import sweep as S
 
     spec = S.load_spec(config)
     S.make_executor(executor, workers, address)  # bad --executor / --address: exit 2 here
@@ -226,7 +226,7 @@ def results(
     """Export a sweep's runs: JSON on stdout, CSV / Parquet to a file, or a table."""
     from pathlib import Path
 
-    from attnscale import store as St
+    from attnscale.lab import store as St
 
     if not Path(db).is_file():
         raise ValueError(f"no results database at {db!r}")
@@ -246,7 +246,7 @@ def results(
 def _print_runs(runs: list[dict]) -> None:
     from rich import box
 
-    from attnscale.analysis import group_key
+    from attnscale.lab.analysis import group_key
 
     table = Table(title=f"{len(runs)} runs", box=box.SIMPLE_HEAD)
     for col in ("id", "score", "lr", "seed", "status", "loss", "metric", "diverged"):
@@ -274,7 +274,7 @@ _TRAIN_FLAGS = {"n_heads": "--heads", "n_kv_heads": "--kv-heads", "n_layers": "-
 def _with_train_options(
     command: typer.models.CommandFunctionType,
 ) -> typer.models.CommandFunctionType:
-    """Add one option per ``attnscale.train.TrainConfig`` field to ``command``'s signature.
+    """Add one option per ``attnscale.lab.train.TrainConfig`` field to ``command``'s signature.
 
     Every option defaults to None, meaning "the config's default", so the CLI and the config
     never disagree about defaults and a new config field is an option without further edits.
@@ -282,7 +282,7 @@ def _with_train_options(
     import inspect
     import typing
 
-    from attnscale.train import TrainConfig
+    from attnscale.lab.train import TrainConfig
 
     hints = typing.get_type_hints(command, include_extras=True)
     params = [
@@ -327,10 +327,10 @@ def train(
 ) -> None:
     """Train one model: attnscale train --task mqar --score cosine --tau 1 --lr 3e-3 --steps 500.
 
-    Every attnscale.train.TrainConfig field is an option; unset ones take the config default.
+    Every attnscale.lab.train.TrainConfig field is an option; unset ones take the config default.
     A progress bar (stderr) shows loss and steps/s; a summary table or --json record follows.
     """
-    from attnscale import train as T
+    from attnscale.lab import train as T
 
     config = _train_config({k: v for k, v in options.items() if v is not None})
     with _train_progress(config.steps) as report:
@@ -345,7 +345,7 @@ def _train_config(values: dict[str, object]) -> object:
     """TrainConfig from CLI values; a validation error becomes one readable ValueError."""
     from pydantic import ValidationError
 
-    from attnscale.train import TrainConfig
+    from attnscale.lab.train import TrainConfig
 
     try:
         return TrainConfig(**values)
@@ -423,12 +423,12 @@ def theory(
     """Exact theory next to Monte Carlo: logit std, entropy, max weight, effective keys, ‖J‖."""
     from pathlib import Path
 
-    from attnscale import montecarlo
+    from attnscale.measure import montecarlo
 
     with console.status("theory and Monte Carlo"):
         rows = montecarlo.theory_table(seed=seed, samples=samples)
     if plot is not None:
-        from attnscale import theory as T
+        from attnscale.measure import theory as T
 
         folder = Path(plot)
         folder.mkdir(parents=True, exist_ok=True)
@@ -459,7 +459,7 @@ def inspect_command(
     max_tokens: Annotated[int, typer.Option(min=2, help="Truncate inputs to this.")] = 128,
 ) -> None:
     """Per-layer, per-head attention statistics of a real trained model, offline."""
-    from attnscale import inspection as I
+    from attnscale.measure import inspection as I
 
     if text is not None and sentence:
         raise ValueError("give --text or --sentence, not both")
@@ -502,7 +502,7 @@ def report(
     """Measure every claim of the thread, judge it by its rule, write OUT/index.html and JSON."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from attnscale import report as R
+    from attnscale.audit import report as R
 
     chosen = [name for name, flag in (("quick", quick), ("standard", standard), ("full", full))
               if flag]

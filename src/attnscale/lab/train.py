@@ -1,0 +1,611 @@
+"""Training runs: one :class:`TrainConfig` in, one JSON-able :class:`RunResult` out.
+
+The recipe is the small-scale-proxy setup of Wortsman et al. 2023 (arXiv 2309.14322): a pre-LN
+:class:`attnscale.lab.models.GPT` without biases, AdamW with β = (0.9, 0.95) and ε = 1e-8, gradient
+clipping at 1, independent weight decay 1e-4, optional z-loss, linear warmup then cosine decay.
+
+* Learning rate at step t (0-based), peak η, warmup w, T steps, floor η_min = min_lr_ratio·η::
+
+      η_t = η·(t+1)/w                                          for t < w
+      η_t = η_min + ½(η − η_min)(1 + cos(π (t − w)/(T − w)))   otherwise
+
+* Independent weight decay (Wortsman et al. 2023, §3.2.2): each step multiplies a weight matrix
+  by 1 − (η_t/η)·λ, i.e. the decay follows the schedule but not the peak learning rate. With
+  PyTorch's AdamW (which decays by η_t·wd) this is wd = λ/η. Only the weights of linear and
+  embedding layers decay; LayerNorm weights and learnable score parameters do not.
+* z-loss (PaLM, Chowdhery et al. 2022; Wortsman et al. 2023 use 1e-4): loss += z_loss·mean(log Z)²
+  where log Z = logsumexp of the output logits at the labelled positions.
+* Divergence: a run stops, with status ``"diverged"`` and its ``diverged_step``, when the training
+  loss or the gradient norm is NaN/inf, or when, from step :data:`DIVERGENCE_GRACE_STEPS` on, the
+  loss exceeds ``divergence_factor`` × the loss of step 0 (default 3: for cross-entropy the step-0
+  loss is about ln(vocab), a uniform guess, so 3× that is a model far worse than guessing, which
+  an ordinary loss spike does not reach; the grace steps let warmup transients pass). The update
+  of the divergent step is not applied. :func:`run` never raises for divergence.
+* Logging: every ``log_every`` steps (and at the last step) a history row records the state at
+  the *start* of that step: step, loss (mean training loss since the previous row), lr,
+  grad_norm, and per layer the attention statistics of :class:`attnscale.measure.monitor.Monitor`
+  (max |logit|, entropy, max weight, ...) and the RMS of q and k, from one extra no-grad forward
+  of the current batch's first ``stats_batch`` (16) sequences (16 sequences of 64 tokens are
+  1024 query rows per head; the whole batch would double the cost of logging). Every
+  ``eval_every`` steps a row also holds the eval loss and metric.
+* Determinism: the model is initialized from ``torch.manual_seed(seed)`` and the task's batches
+  are a function of (seed, step), so the same config on the same machine gives identical
+  metrics. ``threads`` (default 1) sets torch's intra-op threads during the run: on a busy
+  machine small multi-threaded ops are much slower than single-threaded ones.
+
+The defaults are the MQAR quick config (see :class:`TrainConfig`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from torch import Tensor, nn
+
+from attnscale.util import provenance
+from attnscale.lab.models import GPT, GPTConfig
+from attnscale.core.nn import MultiheadSelfAttention
+from attnscale.core.scores import SCORES, get_score
+from attnscale.lab.tasks import IGNORE_INDEX, TASKS, Batch, Task, make_task
+
+SCORE_PARAMS = ("tau", "cap", "c", "s", "eps", "scale")
+TASK_OPTIONS = (
+    "vocab_size", "num_kv_pairs", "power_a", "num_items", "num_item_tokens", "num_values",
+    "salient_scale", "jitter", "cue", "layout", "num_pairs", "num_keys", "num_fillers",
+    "eval_multipliers", "eval_size", "eval_batch_size", "eval_windows",
+)  # fmt: skip
+# Per-task values for fields left at None: the MQAR quick config. Zoology's vocabulary of 8192
+# would make the readout dominate a small CPU model; (seq 64, 4 pairs) is the first point of the
+# Zoology sweep; its MQAR models are attention-only (state mixer = identity), and here, too, an
+# MLP delays the jump out of the chance plateau by thousands of steps.
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mqar": {"vocab_size": 256, "num_kv_pairs": 4, "mlp": False},
+}
+DIVERGENCE_GRACE_STEPS = 10
+LAYER_STATS = ("max_abs_logit", "entropy", "entropy_normalized", "max_weight", "logsumexp")
+
+Progress = Callable[[int, float], None]  # (steps done, training loss of the last step)
+
+
+class TrainConfig(BaseModel):
+    """Everything a run depends on. Unknown keys are an error; ``TrainConfig(**d)`` round-trips
+    ``model_dump()``.
+
+    Defaults are the MQAR quick config (with :data:`TASK_DEFAULTS`): sequence 64, 4 key-value
+    pairs, vocabulary 256; a 2-layer, attention-only, d_model 128 model with one head (d_k = 128)
+    and 1/√d_k attention, as Zoology's MQAR configs (lr 1e-3 is also Zoology's); AdamW lr 1e-3,
+    batch 64, 100 warmup steps, 2000 steps. With it ``scaled_dot`` reaches >= 99% eval accuracy
+    in a few single-thread CPU minutes. The accuracy stays at chance (1/4) on a plateau for a
+    seed-dependent 200-1300 steps, then jumps; with an MLP in the blocks, 2 heads (d_k = 64) or
+    lr 1e-2 the plateau outlasted 1500-5000 steps in our trials.
+    Score parameters and task options left at None take the score's / task's defaults.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    # -- task ---------------------------------------------------------------------------------
+    task: Literal["mqar", "text", "salience", "length"] = Field(
+        "mqar", description="Task (attnscale.lab.tasks)."
+    )
+    seq_len: int | None = Field(None, ge=2, description="Training sequence length (task default).")
+    text: str | None = Field(None, description="UTF-8 text file for task 'text' (default corpus).")
+    vocab_size: int | None = Field(None, description="mqar vocabulary (256; Zoology uses 8192).")
+    num_kv_pairs: int | None = Field(None, description="mqar key-value pairs (8).")
+    power_a: float | None = Field(None, description="mqar query-gap power law (0.01).")
+    num_items: int | None = Field(None, description="salience items per sequence (8).")
+    num_item_tokens: int | None = Field(None, description="salience item vocabulary (64).")
+    num_values: int | None = Field(None, description="salience/length value vocabulary (64).")
+    salient_scale: float | None = Field(None, description="salience embedding scale (3.0).")
+    jitter: float | None = Field(None, description="salience scale jitter (0.1).")
+    cue: str | None = Field(None, description="salience cue: scale, token or none.")
+    layout: str | None = Field(None, description="salience layout: pairs or items.")
+    num_pairs: int | None = Field(None, description="length key-value pairs (4).")
+    num_keys: int | None = Field(None, description="length key vocabulary (64).")
+    num_fillers: int | None = Field(None, description="length filler vocabulary (128).")
+    eval_multipliers: list[int] | None = Field(None, description="length eval lengths / n.")
+    eval_size: int | None = Field(None, description="Eval sequences (task default).")
+    eval_batch_size: int | None = Field(None, description="Eval batch size (task default).")
+    eval_windows: int | None = Field(None, description="text eval windows (32).")
+
+    # -- attention score ----------------------------------------------------------------------
+    score: str = Field("scaled_dot", description="Attention score (attnscale.SCORES).")
+    tau: float | None = Field(None, gt=0, description="cosine temperature τ (1).")
+    cap: float | None = Field(None, gt=0, description="softcap cap (50).")
+    c: float | None = Field(None, gt=0, description="mup constant c in q·k·c/d (8).")
+    s: float | None = Field(None, gt=0, description="log_length initial s (1).")
+    eps: float | None = Field(None, gt=0, description="Normalization eps of the score.")
+    scale: float | None = Field(None, description="Logit scale replacing 1/√d.")
+    temperature: Literal["fixed", "swin", "qknorm"] = Field(
+        "fixed", description="cosine temperature: fixed (τ), swin or qknorm (learned)."
+    )
+
+    # -- model --------------------------------------------------------------------------------
+    d_model: int = Field(128, ge=1, description="Model width.")
+    n_heads: int = Field(1, ge=1, description="Query heads.")
+    n_kv_heads: int | None = Field(None, ge=1, description="Key/value heads (GQA; n_heads).")
+    n_layers: int = Field(2, ge=1, description="Transformer blocks.")
+    pos: Literal["learned", "rope", "none"] = Field("learned", description="Positions.")
+    init_std: float = Field(0.02, gt=0, description="Weight init std (GPT-2: 0.02).")
+    init: Literal["gpt2", "mup"] = Field("gpt2", description="Initialization: gpt2 or mup.")
+    tie_embeddings: bool = Field(True, description="Share input embedding and readout.")
+    mlp: bool | None = Field(
+        None, description="MLP in every block (None: off for mqar, on otherwise)."
+    )
+
+    # -- optimization -------------------------------------------------------------------------
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate.")
+    steps: int = Field(2000, ge=1, description="Optimizer steps.")
+    warmup_steps: int = Field(100, ge=0, description="Linear warmup steps.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine floor / peak lr.")
+    batch_size: int = Field(64, ge=1, description="Sequences per step.")
+    weight_decay: float = Field(1e-4, ge=0, description="Independent weight decay λ.")
+    beta1: float = Field(0.9, ge=0, lt=1, description="Adam β1.")
+    beta2: float = Field(0.95, ge=0, lt=1, description="Adam β2.")
+    adam_eps: float = Field(1e-8, gt=0, description="Adam ε.")
+    grad_clip: float = Field(1.0, ge=0, description="Gradient-norm clip (0 = off).")
+    z_loss: float = Field(0.0, ge=0, description="z-loss coefficient (0 = off; 1e-4 Wortsman).")
+    seed: int = Field(0, ge=0, description="Seed of the initialization and the data.")
+
+    # -- logging and control ------------------------------------------------------------------
+    log_every: int = Field(25, ge=1, description="Steps between history rows.")
+    eval_every: int | None = Field(None, ge=1, description="Steps between evals (end only).")
+    divergence_factor: float = Field(3.0, gt=1, description="Diverged if loss > this × loss₀.")
+    threads: int = Field(1, ge=1, description="torch intra-op threads during the run.")
+    stats: bool = Field(True, description="Log attention statistics in history rows.")
+    stats_batch: int = Field(16, ge=1, description="Sequences of the batch the statistics use.")
+
+    @field_validator("score")
+    @classmethod
+    def _known_score(cls, value: str) -> str:
+        if value not in SCORES:
+            raise ValueError(f"score must be one of {sorted(SCORES)}, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        self._check_sizes()
+        self._check_score_params()
+        self._check_task_options()
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be <= steps ({self.steps})")
+        return self
+
+    def _check_sizes(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
+            )
+        if self.pos == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ValueError("pos='rope' needs an even head dimension d_model/n_heads")
+
+    def _check_score_params(self) -> None:
+        accepted = accepted_score_params(self.score)
+        for name in SCORE_PARAMS:
+            if getattr(self, name) is not None and name not in accepted:
+                raise ValueError(
+                    f"{name} is not a parameter of score {self.score!r} "
+                    f"(it accepts: {', '.join(accepted) or 'none'})"
+                )
+        if self.temperature != "fixed":
+            if self.score != "cosine":
+                raise ValueError(f"temperature={self.temperature!r} needs score='cosine'")
+            if self.tau is not None:
+                raise ValueError(f"tau is learned under temperature={self.temperature!r}; omit it")
+
+    def _check_task_options(self) -> None:
+        accepted = inspect.signature(TASKS[self.task].__init__).parameters
+        for name in TASK_OPTIONS:
+            if getattr(self, name) is not None and name not in accepted:
+                raise ValueError(f"{name} is not an option of task {self.task!r}")
+        if self.text is not None:
+            if self.task != "text":
+                raise ValueError(f"text is only for task 'text', not {self.task!r}")
+            if not Path(self.text).is_file():
+                raise ValueError(f"text: file {self.text!r} does not exist")
+        if self.task == "length" and self.pos == "learned":
+            raise ValueError(
+                "pos='learned' cannot reach the length task's longer eval sequences; "
+                "use pos='rope' or pos='none'"
+            )
+
+    @property
+    def use_mlp(self) -> bool:
+        """``mlp``, or the task's default when it is None."""
+        if self.mlp is not None:
+            return self.mlp
+        return TASK_DEFAULTS.get(self.task, {}).get("mlp", True)
+
+    def score_params(self) -> dict[str, float]:
+        """The score parameters that were set, for :class:`attnscale.lab.models.GPTConfig`."""
+        return {n: getattr(self, n) for n in SCORE_PARAMS if getattr(self, n) is not None}
+
+    def task_options(self) -> dict[str, Any]:
+        """Options for :func:`attnscale.lab.tasks.make_task`: the set ones over the CPU defaults."""
+        accepted = inspect.signature(TASKS[self.task].__init__).parameters
+        defaults = TASK_DEFAULTS.get(self.task, {})
+        options = {k: v for k, v in defaults.items() if k in accepted}
+        options.update({n: getattr(self, n) for n in TASK_OPTIONS if getattr(self, n) is not None})
+        if "eval_multipliers" in options:
+            options["eval_multipliers"] = tuple(options["eval_multipliers"])
+        if self.text is not None:
+            options["path"] = self.text
+        return options
+
+
+def accepted_score_params(score: str) -> list[str]:
+    """Names among tau, cap, c, s, eps, scale that ``score`` takes."""
+    sc = get_score(score)
+    names = [n for n in SCORE_PARAMS if n in sc.defaults]
+    return [*names, "scale"] if sc.uses_scale else names
+
+
+@dataclass
+class RunResult:
+    """The record of one run. ``to_dict()`` is JSON-serializable (NaN/inf become None).
+
+    ``final_loss`` / ``final_metric``: eval-set cross-entropy (nats per labelled position) and the
+    task's metric (``metric_name``) of the final weights, on the task's first eval set (for
+    ``length``, the training length); ``final_metrics`` has both for every eval set (``length``:
+    one per eval length). A diverged run is evaluated as it stands (None if its weights are not
+    finite). ``steps`` counts applied optimizer updates; ``initial_loss`` is the step-0 loss.
+    """
+
+    status: Literal["done", "diverged"]
+    final_loss: float | None
+    final_metric: float | None
+    final_metrics: dict[str, dict[str, float | None]]
+    metric_name: str
+    diverged_step: int | None
+    steps: int
+    initial_loss: float | None
+    history: list[dict[str, Any]]
+    config: dict[str, Any]
+    task: dict[str, Any]
+    model: dict[str, Any]
+    seed: int
+    versions: dict[str, str]
+    git_rev: str
+    elapsed_s: float
+    num_params: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serializable data."""
+        return jsonable(asdict(self))
+
+
+def jsonable(obj: Any) -> Any:
+    """Recursively turn numpy scalars and tuples into Python data and NaN/inf into None."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+# --------------------------------------------------------------------------------------------
+# Building blocks
+# --------------------------------------------------------------------------------------------
+
+
+def build_task(config: TrainConfig) -> Task:
+    """The task of ``config`` (its options over :data:`TASK_DEFAULTS`)."""
+    return make_task(config.task, seq_len=config.seq_len, seed=config.seed, **config.task_options())
+
+
+def build_model(config: TrainConfig, task: Task) -> GPT:
+    """A :class:`GPT` sized for ``task`` (vocabulary, length, causal), seeded by ``config.seed``."""
+    torch.manual_seed(config.seed)
+    return GPT(
+        GPTConfig(
+            vocab_size=task.vocab_size,
+            seq_len=task.seq_len,
+            d_model=config.d_model,
+            n_heads=config.n_heads,
+            n_kv_heads=config.n_kv_heads,
+            n_layers=config.n_layers,
+            score=config.score,
+            score_params=config.score_params(),
+            temperature=config.temperature,
+            pos=config.pos,
+            causal=task.causal,
+            init=config.init,
+            init_std=config.init_std,
+            tie_embeddings=config.tie_embeddings,
+            mlp=config.use_mlp,
+        )
+    )
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over groups keyed by (decays?, lr factor); weight decay made independent (λ/η).
+
+    Linear and embedding weights decay; everything else (norms, score parameters) does not.
+    Learning-rate factors come from ``model.lr_scales()`` if it has one (µP), else 1.
+    """
+    scales = model.lr_scales() if hasattr(model, "lr_scales") else {}
+    decays = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))}
+    groups: dict[tuple[bool, float], list[nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        groups.setdefault((id(p) in decays, scales.get(name, 1.0)), []).append(p)
+    param_groups = [
+        {
+            "params": params,
+            "lr_scale": factor,
+            "weight_decay": config.weight_decay / (config.lr * factor) if decay else 0.0,
+        }
+        for (decay, factor), params in groups.items()
+    ]
+    return torch.optim.AdamW(
+        param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.adam_eps
+    )
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to min_lr_ratio·lr (formula in the module docstring)."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    span = max(1, config.steps - config.warmup_steps)
+    progress = min(1.0, (step - config.warmup_steps) / span)
+    floor = config.lr * config.min_lr_ratio
+    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (config.lr - floor)
+
+
+def losses(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """(cross-entropy, mean (log Z)²) over the labelled positions; logits (B, T, V)."""
+    labels = targets.reshape(-1)  # (B·T,)
+    keep = labels != IGNORE_INDEX
+    picked = logits.reshape(-1, logits.shape[-1])[keep]  # (labelled, V)
+    log_z = torch.logsumexp(picked, dim=-1)
+    return F.cross_entropy(picked, labels[keep]), (log_z * log_z).mean()
+
+
+@contextmanager
+def num_threads(n: int) -> Iterator[None]:
+    """Run the block with ``torch.set_num_threads(n)``, restoring the old value after."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention statistics and evaluation
+# --------------------------------------------------------------------------------------------
+
+
+def attention_rows(model: nn.Module, batch: Batch) -> list[dict[str, float | None]]:
+    """Per-layer attention statistics of ``batch`` from one no-grad forward.
+
+    The statistics come from :class:`attnscale.measure.monitor.Monitor` (the pre-softmax scores after
+    scaling and masking, and their softmax pattern); the q/k RMS from each
+    :class:`MultiheadSelfAttention`'s ``capture`` hook, which the monitor chains to.
+    """
+    from attnscale.measure.monitor import Monitor  # the monitor imports nn; keep train's import light
+
+    modules = {n: m for n, m in model.named_modules() if isinstance(m, MultiheadSelfAttention)}
+    if not modules:
+        return []
+    qk: dict[str, tuple[float, float]] = {}
+    names = {id(m): n for n, m in modules.items()}
+    previous = {n: m.capture for n, m in modules.items()}
+    for m in modules.values():
+        m.capture = lambda mod, q, k, call: qk.__setitem__(names[id(mod)], (rms(q), rms(k)))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), Monitor(model) as monitor:
+            model(batch.tokens, batch.scale)
+    finally:
+        model.train(was_training)
+        for n, m in modules.items():
+            m.capture = previous[n]
+    stats = monitor.stats()
+    return [layer_row(modules[n], *qk[n], stats[n].mean()) for n in modules if n in qk]
+
+
+def head(batch: Batch, n: int) -> Batch:
+    """The first ``n`` sequences of ``batch``."""
+    scale = None if batch.scale is None else batch.scale[:n]
+    return Batch(batch.tokens[:n], batch.targets[:n], scale)
+
+
+def layer_row(module: MultiheadSelfAttention, q_rms: float, k_rms: float, means: dict) -> dict:
+    """One layer's history row: the monitor's means (None where not finite), q/k RMS, and the
+    learned temperature or s."""
+    row: dict[str, float | None] = {"q_rms": q_rms, "k_rms": k_rms}
+    finite = math.isfinite(q_rms) and math.isfinite(k_rms)
+    for name in LAYER_STATS:
+        value = means.get(name)
+        row[name] = value if finite and value is not None and math.isfinite(value) else None
+    if module.temperature != "fixed":
+        row["tau"] = float(torch.as_tensor(module.tau()).detach().float().mean())
+    if hasattr(module, "s"):
+        row["s"] = float(module.s.detach().float().mean())
+    return row
+
+
+def rms(x: Tensor) -> float:
+    """√mean(x²) over all entries."""
+    return float(x.float().pow(2).mean().sqrt())
+
+
+def evaluate(model: nn.Module, task: Task) -> dict[str, dict[str, float | None]]:
+    """{eval set: {"loss": cross-entropy, "metric": task metric}} on the task's eval sets."""
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        return {name: {"loss": None, "metric": None} for name in task.eval_batches()}
+    was_training = model.training
+    model.eval()
+    out: dict[str, dict[str, float | None]] = {}
+    with torch.no_grad():
+        for name, batches in task.eval_batches().items():
+            nats, total, count = 0.0, 0.0, 0
+            for b in batches:
+                logits = model(b.tokens, b.scale)  # (B, T, V)
+                flat = logits.reshape(-1, logits.shape[-1])
+                nats += float(F.cross_entropy(flat, b.targets.reshape(-1), reduction="sum"))
+                s, n = task.metric_sum(logits, b)
+                total, count = total + s, count + n
+            out[name] = {"loss": nats / count, "metric": total / count}
+    model.train(was_training)
+    return out
+
+
+def main_eval_set(task: Task, results: Mapping[str, Any]) -> str:
+    """The eval set that ``final_metric`` reports: the training length's, else the first."""
+    own = f"n={task.seq_len}"
+    return own if own in results else next(iter(results))
+
+
+# --------------------------------------------------------------------------------------------
+# The training loop
+# --------------------------------------------------------------------------------------------
+
+
+class Trainer:
+    """One run, one step at a time (``run`` drives it; the overhead benchmark interleaves two).
+
+    ``model`` replaces the :class:`GPT` that ``config`` describes (it must map (tokens, scale)
+    to logits (B, T, V)); attention statistics are logged for its MultiheadSelfAttention modules.
+    """
+
+    def __init__(self, config: TrainConfig, model: nn.Module | None = None) -> None:
+        self.config = config
+        self.task = build_task(config)
+        self.model = build_model(config, self.task) if model is None else model
+        self.model.train()
+        self.optimizer = build_optimizer(self.model, config)
+        self.history: list[dict[str, Any]] = []
+        self.next_step = 0
+        self.initial_loss: float | None = None
+        self.diverged_step: int | None = None
+        self._window: list[float] = []  # training losses since the last history row
+
+    @property
+    def done(self) -> bool:
+        """True after the last step or a divergence."""
+        return self.diverged_step is not None or self.next_step >= self.config.steps
+
+    def step(self) -> float:
+        """One optimizer step; returns its training loss (cross-entropy, without z-loss)."""
+        cfg, s = self.config, self.next_step
+        batch = self.task.train_batch(s, cfg.batch_size)
+        lr = lr_at(s, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group["lr_scale"]
+        ce, z = losses(self.model(batch.tokens, batch.scale), batch.targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        (ce + cfg.z_loss * z if cfg.z_loss else ce).backward()
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+        grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        loss = ce.item()
+        if self.initial_loss is None:
+            self.initial_loss = loss
+        self._window.append(loss)
+        diverged = self._diverged(s, loss, grad_norm)
+        if diverged or s % cfg.log_every == 0 or s == cfg.steps - 1 or self._eval_due(s):
+            self.history.append(self._row(s, batch, lr, grad_norm, z.item(), diverged))
+        if diverged:
+            self.diverged_step = s
+        else:
+            self.optimizer.step()
+            self.next_step = s + 1
+        return loss
+
+    def _diverged(self, step: int, loss: float, grad_norm: float) -> bool:
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            return True
+        limit = self.config.divergence_factor * (self.initial_loss or math.inf)
+        return step >= DIVERGENCE_GRACE_STEPS and loss > limit
+
+    def _eval_due(self, step: int) -> bool:
+        return self.config.eval_every is not None and step % self.config.eval_every == 0
+
+    def _row(
+        self, step: int, batch: Batch, lr: float, grad_norm: float, z: float, diverged: bool
+    ) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "step": step,
+            "loss": float(np.mean(self._window)),
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "log_z_sq": z,
+        }
+        self._window = []
+        if diverged:
+            row["diverged"] = True
+        if self._eval_due(step):
+            results = evaluate(self.model, self.task)
+            main = results[main_eval_set(self.task, results)]
+            row.update(eval_loss=main["loss"], eval_metric=main["metric"])
+            if len(results) > 1:
+                row["eval_metrics"] = {k: v["metric"] for k, v in results.items()}
+        if self.config.stats:
+            layers = attention_rows(self.model, head(batch, self.config.stats_batch))
+            if layers:
+                row["layers"] = layers
+                logits = [r["max_abs_logit"] for r in layers if r["max_abs_logit"] is not None]
+                row["max_abs_logit"] = max(logits) if logits else None
+        return row
+
+    def result(self, elapsed_s: float) -> RunResult:
+        """Evaluate the final weights and assemble the record."""
+        results = evaluate(self.model, self.task)
+        main = results[main_eval_set(self.task, results)]
+        model_config = getattr(self.model, "config", None)
+        return RunResult(
+            status="diverged" if self.diverged_step is not None else "done",
+            final_loss=main["loss"],
+            final_metric=main["metric"],
+            final_metrics=results,
+            metric_name=self.task.metric_name,
+            diverged_step=self.diverged_step,
+            steps=self.next_step,
+            initial_loss=self.initial_loss,
+            history=self.history,
+            config=self.config.model_dump(),
+            task=self.task.config,
+            model=asdict(model_config) if isinstance(model_config, GPTConfig) else {},
+            seed=self.config.seed,
+            versions=provenance.versions(),
+            git_rev=provenance.git_revision(),
+            elapsed_s=elapsed_s,
+            num_params=sum(p.numel() for p in self.model.parameters()),
+        )
+
+
+def run(config: TrainConfig | Mapping[str, Any], progress: Progress | None = None) -> RunResult:
+    """Train one model as ``config`` says and return its record; never raises for divergence.
+
+    ``progress(steps_done, loss)`` is called after every step (the CLI drives its bar with it).
+    Bad configs raise ValueError (pydantic's ValidationError) before anything runs.
+    """
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig(**config)
+    start = time.perf_counter()
+    with num_threads(cfg.threads):
+        trainer = Trainer(cfg)
+        while not trainer.done:
+            loss = trainer.step()
+            if progress is not None:
+                progress(trainer.next_step, loss)
+        return trainer.result(time.perf_counter() - start)

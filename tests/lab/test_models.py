@@ -1,0 +1,169 @@
+"""attnscale.lab.models.GPT: shapes for every score and position option, causality, gradients of the
+learnable score parameters, the salience scale, and the two initializations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnscale import SCORES
+from attnscale.lab.models import GPT, GPTConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+TINY = {"vocab_size": 23, "seq_len": 12, "d_model": 16, "n_heads": 4, "n_layers": 2}
+
+
+def tiny(**overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**TINY, **overrides}))
+
+
+def tokens(b: int = 2, t: int = 12, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, TINY["vocab_size"], (b, t), generator=g)
+
+
+VARIANTS = [{"score": s} for s in sorted(SCORES)] + [
+    {"score": "cosine", "temperature": "swin"},
+    {"score": "cosine", "temperature": "qknorm"},
+    {"score": "cosine", "score_params": {"tau": 10.0}},
+    {"score": "softcap", "score_params": {"cap": 5.0}},
+    {"score": "scaled_dot", "n_kv_heads": 2},
+    {"score": "scaled_dot", "init": "mup"},
+    {"score": "cosine", "init": "mup"},
+    {"score": "scaled_dot", "tie_embeddings": False},
+    {"score": "scaled_dot", "mlp": False},
+]
+
+
+def variant_id(v: dict) -> str:
+    return "-".join(f"{k}={x}" for k, x in v.items())
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope", "none"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_forward_shape_and_finite(variant, pos):
+    model = tiny(pos=pos, **variant)
+    logits = model(tokens(3, 9))
+    assert logits.shape == (3, 9, TINY["vocab_size"])
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope", "none"])
+@pytest.mark.parametrize("score", ["scaled_dot", "cosine", "softcap", "log_length"])
+def test_causal_output_ignores_later_tokens(score, pos):
+    model = tiny(score=score, pos=pos)
+    x = tokens()
+    changed = x.clone()
+    t = 5
+    changed[:, t + 1 :] = (changed[:, t + 1 :] + 7) % TINY["vocab_size"]
+    a, b = model(x), model(changed)
+    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], rtol=0, atol=1e-6)
+    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])  # later positions do see the change
+
+
+def test_encoder_sees_the_whole_sequence():
+    model = tiny(causal=False)
+    x = tokens()
+    changed = x.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % TINY["vocab_size"]
+    assert not torch.allclose(model(x)[:, 0], model(changed)[:, 0])
+
+
+@pytest.mark.parametrize(
+    "variant,names",
+    [
+        ({"score": "cosine", "temperature": "swin"}, ["logit_scale"]),
+        ({"score": "cosine", "temperature": "qknorm"}, ["gain"]),
+        ({"score": "qk_layernorm"}, ["q_weight", "k_weight"]),
+        ({"score": "qk_rmsnorm"}, ["q_weight", "k_weight"]),
+        ({"score": "log_length"}, ["s"]),
+    ],
+    ids=lambda v: variant_id(v) if isinstance(v, dict) else "",
+)
+def test_learnable_score_parameters_get_gradients(variant, names):
+    model = tiny(**variant)
+    model(tokens()).logsumexp(-1).pow(2).mean().backward()
+    for block in model.blocks:
+        for name in names:
+            grad = getattr(block.attn, name).grad
+            assert grad is not None and grad.abs().sum() > 0, name
+
+
+def test_qknorm_gain_starts_at_log2_of_block_size():
+    model = tiny(score="cosine", temperature="qknorm")
+    g0 = math.log2(TINY["seq_len"] ** 2 - TINY["seq_len"])
+    assert model.blocks[0].attn.gain.item() == pytest.approx(g0)
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_salience_scale_changes_the_output(pos):
+    model = tiny(pos=pos)
+    x = tokens()
+    ones = torch.ones(x.shape)
+    scaled = ones.clone()
+    scaled[:, 3] = 3.0
+    torch.testing.assert_close(model(x, ones), model(x))
+    assert not torch.allclose(model(x, scaled)[:, 3:], model(x)[:, 3:])
+
+
+def test_learned_positions_reject_longer_sequences():
+    with pytest.raises(ValueError, match="seq_len"):
+        tiny()(tokens(1, TINY["seq_len"] + 1))
+    assert tiny(pos="rope")(tokens(1, 2 * TINY["seq_len"])).shape[1] == 2 * TINY["seq_len"]
+
+
+def test_gpt2_init_stds():
+    model = tiny(d_model=64, n_layers=4, vocab_size=512, seq_len=64)
+    std = 0.02
+    assert model.wte.weight.std().item() == pytest.approx(std, rel=0.05)
+    assert model.blocks[0].mlp.fc.weight.std().item() == pytest.approx(std, rel=0.05)
+    resid = std / math.sqrt(2 * 4)
+    assert model.blocks[0].mlp.proj.weight.std().item() == pytest.approx(resid, rel=0.05)
+    assert model.blocks[0].attn.out_proj.weight.std().item() == pytest.approx(resid, rel=0.1)
+    assert model.lm_head.weight is model.wte.weight
+    assert model.lr_scales() == {} and model.readout_mult == 1.0
+    attention_only = tiny(d_model=64, n_layers=4, mlp=False)
+    assert attention_only.blocks[0].mlp is None
+    out_std = attention_only.blocks[0].attn.out_proj.weight.std().item()
+    assert out_std == pytest.approx(std / math.sqrt(4), rel=0.1)  # one residual branch per block
+
+
+def test_mup_init_zero_query_readout_and_width_scaling():
+    base = 32
+    model = tiny(d_model=128, init="mup", mup_base_width=base, tie_embeddings=False)
+    fc = model.blocks[0].mlp.fc.weight  # fan_in = d_model
+    assert fc.std().item() == pytest.approx(0.02 * math.sqrt(base / 128), rel=0.05)
+    assert model.wte.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert model.blocks[0].attn.q_proj.weight.abs().sum() == 0
+    assert model.lm_head.weight.abs().sum() == 0
+    assert model.readout_mult == pytest.approx(base / 128)
+    scales = model.lr_scales()
+    assert scales["blocks.0.mlp.fc.weight"] == pytest.approx(base / 128)
+    assert scales["blocks.0.mlp.proj.weight"] == pytest.approx(base / 512)  # fan_in 4·d
+    assert "wte.weight" not in scales
+
+
+def test_mup_keeps_query_init_for_normalized_scores():
+    model = tiny(init="mup", score="qk_rmsnorm")
+    assert model.blocks[0].attn.q_proj.weight.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "overrides,words",
+    [
+        ({"pos": "sinusoid"}, "pos must be one of"),
+        ({"init": "xavier"}, "init must be one of"),
+        ({"score": "cosinus"}, "score must be one of"),
+        ({"d_model": 15}, "divisible"),
+        ({"init_std": 0.0}, "init_std"),
+        ({"n_layers": 0}, "n_layers"),
+    ],
+)
+def test_bad_config(overrides, words):
+    with pytest.raises(ValueError, match=words):
+        tiny(**overrides)

@@ -1,0 +1,434 @@
+"""Sweeps: TOML parsing and grid ids, and real sweeps run through the CLI in subprocesses.
+
+Nothing is mocked: the sweeps train tiny models in worker processes, the crash test SIGKILLs
+the whole sweep (process group) at several moments, and the dead-worker test SIGKILLs one
+worker process mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnscale.lab.store import Store
+from attnscale.lab.sweep import config_id, expand, load_spec, parse_spec, plan
+from attnscale.lab.train import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ROOT / "configs" / "smoke.toml"
+
+TINY = """
+[base]
+task = "mqar"
+seq_len = 32
+d_model = 16
+n_heads = 2
+n_layers = 1
+batch_size = 4
+warmup_steps = 2
+log_every = 10
+"""
+
+
+def cli(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "attnscale.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def start_sweep(config: Path, db: Path, *extra: str) -> subprocess.Popen:
+    """The sweep CLI in its own process group (so killpg reaches its workers too).
+
+    Its stderr goes to ``<db>.log`` (appended), which :func:`log_of` reads.
+    """
+    with open(log_of(db), "a") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "attnscale.cli", "sweep", str(config), "--db", str(db), *extra],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+            cwd=ROOT,
+        )
+
+
+def log_of(db: Path) -> Path:
+    return db.with_suffix(".log")
+
+
+def write(tmp_path: Path, text: str, name: str = "sweep.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def n_history_rows(steps: int, log_every: int) -> int:
+    """History rows of a finished run: every log_every-th step and the last step."""
+    return len({s for s in range(steps) if s % log_every == 0} | {steps - 1})
+
+
+# ------------------------------------------------------------------------------ parsing
+
+
+def test_grid_is_variants_times_axes_resolved_with_defaults():
+    spec = parse_spec(
+        TINY
+        + """
+[axes]
+lr = [1e-3, 1e-2]
+seed = [0, 1]
+
+[[variant]]
+name = "dot"
+score = "dot"
+
+[[variant]]
+name = "cosine-tau10"
+score = "cosine"
+tau = 10
+"""
+    )
+    points = expand(spec)
+    assert len(points) == 8
+    assert [p.variant for p in points] == ["dot"] * 4 + ["cosine-tau10"] * 4
+    p = points[-1]
+    assert p.config == TrainConfig(**p.config).model_dump(mode="json")
+    assert p.config["tau"] == 10.0 and p.config["lr"] == 1e-2 and p.config["seed"] == 1
+    assert "z_loss" in p.config  # defaults are part of the resolved config (and of the id)
+    assert p.id == config_id(p.config) and len(p.id) == 16
+    assert len({q.id for q in points}) == 8
+
+
+def test_ids_are_stable_across_spelling():
+    a = expand(parse_spec(TINY + "[axes]\nlr = [0.01]\nscore = ['cosine']\ntau = [10]\n"))
+    b = expand(parse_spec(TINY + "[axes]\ntau = [10.0]\nscore = ['cosine']\nlr = [1e-2]\n"))
+    assert [p.id for p in a] == [p.id for p in b]
+    c = expand(parse_spec(TINY + "[axes]\nlr = [0.01]\nscore = ['cosine']\ntau = [10.5]\n"))
+    assert c[0].id != a[0].id
+
+
+def test_duplicate_points_are_run_once():
+    spec = parse_spec(TINY + "[axes]\nlr = [0.01, 0.01, 1e-2]\n")
+    assert len(expand(spec)) == 1
+
+
+def test_smoke_config_parses():
+    assert len(expand(load_spec(SMOKE))) == 4
+
+
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("lr = [", "bad TOML"),
+        ("[bass]\nlr = 1", "bass: unknown key"),
+        ("[base]\nlrr = 0.1", "[base] unknown TrainConfig field 'lrr' (did you mean 'lr'?)"),
+        ("[axes]\nsteeps = [1]", "[axes] unknown TrainConfig field 'steeps'"),
+        ("[[variant]]\nname = 'x'\nfoo = 1", "[variant 'x'] unknown TrainConfig field 'foo'"),
+        ("[axes]\nlr = []", "axis 'lr' is empty"),
+        ("[axes]\nlr = 0.1", "axes.lr: Input should be a valid list"),
+        ("[axes]\nscore = ['cosinus']", "unknown score 'cosinus'"),
+        ("[base]\nscore = 'cosinus'", "[base] unknown score 'cosinus'"),
+        ("[[variant]]\nscore = 'dot'", "variant.0.name: Field required"),
+        ("[axes]\nlr = [1]\n[[variant]]\nname = 'x'\nlr = 2", "also axes"),
+        ("[[variant]]\nname = 'x'\n[[variant]]\nname = 'x'", "repeated: ['x']"),
+        ("[base]\nsteps = 5\nwarmup_steps = 10", "warmup_steps (10) must be <= steps (5)"),
+    ],
+)
+def test_bad_specs_raise_one_line_value_errors(text, words):
+    with pytest.raises(ValueError) as info:
+        expand(parse_spec(text, source="x.toml"), source="x.toml")
+    message = str(info.value)
+    assert words in message and message.startswith("x.toml: ") and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("lr = [", "bad TOML"),
+        ("[base]\nlrr = 0.1", "unknown TrainConfig field 'lrr'"),
+        ("[axes]\nlr = []", "axis 'lr' is empty"),
+        ("[axes]\nscore = ['cosinus']", "unknown score 'cosinus'"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, text, words):
+    db = tmp_path / "runs.db"
+    out = cli("sweep", str(write(tmp_path, text)), "--db", str(db))
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0]
+    assert not db.exists()
+
+
+def test_plan_skips_finished_and_redoes_interrupted(tmp_path):
+    points = expand(parse_spec(TINY + "[axes]\nlr = [1e-3, 1e-2, 1e-1, 1.0, 10.0]\n"))
+    ids = [p.id for p in points]
+    with Store(tmp_path / "runs.db") as store:
+        todo, counts = plan(store, points, "t", retry_failed=False)
+        assert [t.id for t in todo] == ids and counts.skipped == 0
+        store.finish(ids[0], {"status": "done", "history": [{"step": 0, "loss": 1.0}]})
+        store.finish(ids[1], {"status": "diverged", "history": []})
+        store.fail(ids[2], "ValueError: boom")
+        store.mark_running(ids[3])  # left running by a killed sweep
+        todo, counts = plan(store, points, "t", retry_failed=False)
+        assert [t.id for t in todo] == ids[3:]
+        assert (counts.done, counts.diverged, counts.failed, counts.skipped) == (1, 1, 1, 3)
+        assert store.get(ids[3])["status"] == "queued"
+        todo, counts = plan(store, points, "t", retry_failed=True)
+        assert [t.id for t in todo] == ids[2:] and counts.skipped == 2
+        assert store.get(ids[2])["status"] == "queued" and store.get(ids[2])["error"] is None
+
+
+# ------------------------------------------------------------------------------ real sweeps
+
+
+@pytest.fixture(scope="module")
+def smoke_db(tmp_path_factory) -> Path:
+    db = tmp_path_factory.mktemp("smoke") / "runs.db"
+    out = cli("sweep", str(SMOKE), "--db", str(db), "--workers", "2")
+    assert out.returncode == 0, out.stderr
+    return db
+
+
+def test_smoke_sweep_stores_complete_runs(smoke_db):
+    points = expand(load_spec(SMOKE))
+    with Store(smoke_db) as store:
+        runs = store.runs(history=True)
+        assert [r["id"] for r in runs] == [p.id for p in points]
+        for r in runs:
+            assert r["status"] == "done" and r["sweep"] == "smoke" and r["error"] is None
+            assert len(r["history"]) == n_history_rows(10, 5)
+            assert r["versions"]["torch"] and r["git_rev"] and r["initial_loss"] > 0
+            assert r["started_at"] <= r["finished_at"] and r["worker"].startswith("pid ")
+        assert store.integrity_check() == "ok"
+
+
+def test_rerun_skips_finished_runs(smoke_db):
+    with Store(smoke_db) as store:
+        before = {r["id"]: r["finished_at"] for r in store.runs()}
+    out = cli("sweep", str(SMOKE), "--db", str(smoke_db), "--workers", "2")
+    assert out.returncode == 0 and "(4 already finished)" in " ".join(out.stderr.split())
+    with Store(smoke_db) as store:
+        assert {r["id"]: r["finished_at"] for r in store.runs()} == before
+
+
+def test_results_json_and_csv(smoke_db, tmp_path):
+    csv_path = tmp_path / "runs.csv"
+    out = cli("results", "--db", str(smoke_db), "--json", "--csv", str(csv_path))
+    assert out.returncode == 0, out.stderr
+    runs = json.loads(out.stdout)
+    assert len(runs) == 4
+    keys = {"id", "status", "config", "final_loss", "final_metric", "diverged_step"}
+    assert all(keys <= set(r) for r in runs)
+    assert runs[0]["config"]["d_model"] == 16
+    assert len(csv_path.read_text().strip().splitlines()) == 5
+
+
+def test_results_bad_input(tmp_path, smoke_db):
+    from attnscale.cli import results
+
+    missing = tmp_path / "missing.db"
+    with pytest.raises(ValueError, match="no results database"):  # the CLI exits 2 on these
+        results(db=str(missing), as_json=True, csv_path=None, parquet_path=None, status=None)
+    assert not missing.exists()
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        out = cli("results", "--db", str(smoke_db), "--parquet", str(tmp_path / "r.parquet"))
+        assert out.returncode == 2 and "install pyarrow" in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_ray_executor_matches_local(smoke_db, tmp_path):
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'attnscale[ray]')")
+    db = tmp_path / "ray.db"
+    out = cli("sweep", str(SMOKE), "--db", str(db), "--workers", "2", "--executor", "ray")
+    assert out.returncode == 0, out.stderr
+    with Store(smoke_db) as local, Store(db) as ray:
+        want = {r["id"]: (r["final_loss"], r["final_metric"]) for r in local.runs()}
+        got = {r["id"]: (r["final_loss"], r["final_metric"]) for r in ray.runs()}
+        assert got == want
+        assert [len(r["history"]) for r in ray.runs(history=True)] == [3] * 4
+
+
+def test_ray_executor_joins_a_started_cluster_by_address(smoke_db, tmp_path):
+    """`ray start --head`, then --address host:port (token auth on when ~/.ray/auth_token
+    exists, Ray >= 2.59), then the same final metrics as the local executor."""
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'attnscale[ray]')")
+    ray_bin = Path(sys.executable).with_name("ray")
+    port = "6391"
+    start = [str(ray_bin), "start", "--head", "--port", port, "--num-cpus", "2",
+             "--disable-usage-stats", "--include-dashboard", "false"]
+    started = subprocess.run(start, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr[-2000:]
+    try:
+        db = tmp_path / "cluster.db"
+        env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+        out = cli("sweep", str(SMOKE), "--db", str(db), "--workers", "2", "--executor", "ray",
+                  "--address", f"127.0.0.1:{port}", env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        with Store(smoke_db) as local, Store(db) as ray:
+            want = {r["id"]: (r["final_loss"], r["final_metric"]) for r in local.runs()}
+            assert {r["id"]: (r["final_loss"], r["final_metric"]) for r in ray.runs()} == want
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120)
+
+
+def test_divergence_failure_and_dead_worker(tmp_path):
+    """One sweep: a run killed by SIGKILL, a normal run, a diverging run, a raising run."""
+    short = write(tmp_path, "too short for seq_len", "short.txt")
+    config = write(
+        tmp_path,
+        TINY
+        + f"""
+[[variant]]
+name = "slow"
+steps = 20000
+[[variant]]
+name = "ok"
+steps = 10
+[[variant]]
+name = "diverge"
+lr = 100.0
+steps = 20
+[[variant]]
+name = "raise"
+task = "text"
+text = "{short}"
+steps = 10
+""",
+    )
+    db = tmp_path / "runs.db"
+    proc = start_sweep(config, db, "--workers", "2")
+    try:
+        pid = wait_for(lambda: worker_of(db, "slow"), timeout=120)
+        os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=180) == 1, log_of(db).read_text()  # 1: some runs failed
+    finally:
+        kill_group(proc)
+    with Store(db) as store:
+        runs = {r["variant"]: r for r in store.runs(history=True)}
+    assert runs["slow"]["status"] == "failed" and "SIGKILL" in runs["slow"]["error"]
+    assert runs["ok"]["status"] == "done"
+    assert runs["diverge"]["status"] == "diverged" and runs["diverge"]["diverged_step"] >= 0
+    assert runs["diverge"]["history"][-1]["step"] == runs["diverge"]["diverged_step"]
+    error = runs["raise"]["error"]
+    assert runs["raise"]["status"] == "failed"
+    assert error.startswith("ValueError:") and "too short" in error
+    assert runs["slow"]["history"] == [] and runs["raise"]["history"] == []
+
+
+def worker_of(db: Path, variant: str) -> int | None:
+    """The pid of the worker running ``variant``, once it is running."""
+    row = query(db, "SELECT worker FROM runs WHERE variant = ? AND status = 'running'", variant)
+    return int(row[0][0].split()[-1]) if row and row[0][0] else None
+
+
+def query(db: Path, sql: str, *args) -> list[tuple]:
+    if not db.exists():
+        return []
+    try:
+        with sqlite3.connect(db, timeout=30) as conn:
+            return conn.execute(sql, args).fetchall()
+    except sqlite3.OperationalError:  # tables not created yet
+        return []
+
+
+def wait_for(predicate, timeout: float, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s")
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+# ------------------------------------------------------------------------------ crash safety
+
+RESUME_STEPS, RESUME_LOG = 150, 10
+
+
+def check_store(db: Path, ids: list[str]) -> dict[str, str]:
+    """Integrity ok, each point at most once, no partial metrics; returns id -> status."""
+    with Store(db) as store:
+        assert store.integrity_check() == "ok"
+        runs = store.runs()
+        counts = store.metric_counts()
+    assert len(runs) == len({r["id"] for r in runs}) and {r["id"] for r in runs} <= set(ids)
+    for r in runs:
+        if r["status"] == "done":
+            assert counts.get(r["id"]) == n_history_rows(RESUME_STEPS, RESUME_LOG), r
+        else:
+            assert r["id"] not in counts, r
+    return {r["id"]: r["status"] for r in runs}
+
+
+def finished_count(db: Path) -> int:
+    rows = query(db, "SELECT COUNT(*) FROM runs WHERE status IN ('done', 'diverged')")
+    return rows[0][0] if rows else 0
+
+
+def test_sigkill_at_any_moment_then_resume(tmp_path):
+    config = write(
+        tmp_path,
+        TINY + f"steps = {RESUME_STEPS}\n[axes]\nlr = [1e-3, 3e-3, 1e-2, 3e-2]\nseed = [0, 1]\n",
+    )
+    config.write_text(config.read_text().replace("log_every = 10", f"log_every = {RESUME_LOG}"))
+    ids = [p.id for p in expand(load_spec(config))]
+    db = tmp_path / "runs.db"
+    start = wall_start = 0.0
+
+    def after_half_a_second(prior: int) -> bool:
+        return time.monotonic() - start > 0.5
+
+    def once_queued(prior: int) -> bool:  # this sweep has planned; its pool is starting
+        sql = "SELECT COUNT(*) FROM runs WHERE status = 'queued' AND queued_at >= ?"
+        rows = query(db, sql, wall_start)
+        return bool(rows) and rows[0][0] == len(ids) - prior
+
+    def after_first_finished(prior: int) -> bool:
+        return finished_count(db) >= prior + 1
+
+    def mid_way(prior: int) -> bool:
+        return finished_count(db) >= max(prior + 1, len(ids) // 2)
+
+    for moment in (after_half_a_second, once_queued, after_first_finished, mid_way):
+        prior = finished_count(db)
+        start, wall_start = time.monotonic(), time.time()
+        proc = start_sweep(config, db, "--workers", "2")
+        try:
+            wait_for(lambda m=moment, p=prior, q=proc: m(p) or q.poll() is not None, timeout=120)
+        finally:
+            kill_group(proc)
+        check_store(db, ids)
+
+    statuses = check_store(db, ids)
+    assert 0 < sum(s == "done" for s in statuses.values()) < len(ids)  # killed mid-sweep
+    with Store(db) as store:
+        kept = {r["id"]: r["finished_at"] for r in store.runs(status="done")}
+    proc = start_sweep(config, db, "--workers", "2")
+    assert proc.wait(timeout=240) == 0, log_of(db).read_text()
+    statuses = check_store(db, ids)
+    assert sorted(statuses) == sorted(ids) and set(statuses.values()) == {"done"}
+    with Store(db) as store:
+        again = {r["id"]: r["finished_at"] for r in store.runs(status="done")}
+    assert {k: again[k] for k in kept} == kept  # finished runs were not redone

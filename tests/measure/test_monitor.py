@@ -1,0 +1,299 @@
+"""The monitor: outputs untouched, statistics equal to those of the real attention weights."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import platform
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from attnscale.measure import native
+from attnscale.measure.monitor import Monitor
+from attnscale.core.nn import MultiheadSelfAttention
+from attnscale.measure.stats import logit_stats
+
+monitor_module = importlib.import_module("attnscale.measure.monitor")
+
+transformers = pytest.importorskip("transformers")
+
+
+def entropy_from_weights(w: torch.Tensor, query_mask: torch.Tensor | None = None) -> np.ndarray:
+    """Per-head mean entropy of attention weights (B, H, N, S) over kept query rows."""
+    ent = -(w * w.clamp_min(1e-30).log()).sum(-1)  # (B, H, N)
+    if query_mask is None:
+        return ent.mean(dim=(0, 2)).numpy()
+    m = query_mask[:, None, :].double()
+    return ((ent * m).sum(dim=(0, 2)) / m.sum(dim=(0, 2))).numpy()
+
+
+def tiny_bert(impl: str):
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=64,
+                                  attn_implementation=impl)
+    torch.manual_seed(0)
+    return transformers.BertModel(cfg).eval()
+
+
+def bert_inputs():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 100, (2, 9), generator=g)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+# How a monitored SDPA call is answered: SDPA itself (compile=False), the native kernel, or the
+# torch.compile-d Python version (compile=True where the native kernel is not available).
+PATHS = ["sdpa", "native", "inductor"]
+
+
+@pytest.fixture(params=PATHS)
+def path(request, monkeypatch) -> str:
+    """Forces one path, and afterwards checks that the fused pass really answered the calls."""
+    if request.param == "native" and native.fused_kernel() is None:
+        usable = platform.machine().lower() in ("x86_64", "amd64") and (
+            torch.backends.cpu.get_cpu_capability() in native.FLAGS)
+        if usable:  # where the kernel should work, a failed build is a failure, not a skip
+            pytest.fail(f"the native kernel must build here: {native.unavailable_reason()}")
+        pytest.skip(native.unavailable_reason())
+    if request.param == "inductor":
+        monkeypatch.setattr(native, "fused_kernel", lambda: None)
+    calls = []
+    fused = monitor_module._attend_and_measure
+    monkeypatch.setattr(monitor_module, "_attend_and_measure",
+                        lambda *a: calls.append(1) or fused(*a))
+    yield request.param
+    assert bool(calls) == (request.param != "sdpa"), "the fused pass ran iff compile=True"
+
+
+def monitor(model, path: str, **kwargs) -> Monitor:
+    return Monitor(model, compile=path != "sdpa", **kwargs)
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_hf_bert_output_unchanged(impl):
+    model, inputs = tiny_bert(impl), bert_inputs()
+    with torch.no_grad():
+        before = model(**inputs).last_hidden_state
+        with Monitor(model, counterfactuals=True) as mon:
+            mon.query_mask = inputs["attention_mask"].bool()
+            during = model(**inputs).last_hidden_state
+        after = model(**inputs).last_hidden_state
+    assert torch.equal(before, during)  # bitwise: the model's own attention code ran
+    assert torch.equal(before, after)
+    assert model.config._attn_implementation == impl  # restored
+    assert len(mon.stats()) == 2 and len(mon.stats("dot")) == 2
+
+
+def test_hf_bert_output_within_rounding_when_fused(path):
+    """compile=True answers SDPA from one fused pass: float rounding, within 1e-6."""
+    model, inputs = tiny_bert("sdpa"), bert_inputs()
+    with torch.no_grad():
+        before = model(**inputs).last_hidden_state
+        with monitor(model, path) as mon:
+            mon.query_mask = inputs["attention_mask"].bool()
+            during = model(**inputs).last_hidden_state
+    torch.testing.assert_close(during, before, rtol=1e-6, atol=1e-6)
+    if path == "sdpa":
+        assert torch.equal(during, before)
+    assert len(mon.stats()) == 2
+
+
+def test_hf_stats_match_eager_output_attentions():
+    model, inputs = tiny_bert("eager"), bert_inputs()
+    qmask = inputs["attention_mask"].bool()
+    with torch.no_grad(), Monitor(model) as mon:
+        mon.query_mask = qmask
+        out = model(**inputs, output_attentions=True)
+    stats = list(mon.stats().values())
+    assert len(stats) == len(out.attentions)
+    for s, w in zip(stats, out.attentions, strict=True):
+        np.testing.assert_allclose(s.entropy, entropy_from_weights(w.double(), qmask), rtol=1e-5)
+        kept = w.amax(-1)[qmask[:, None, :].expand_as(w.amax(-1))]
+        assert s.max_weight.mean() == pytest.approx(kept.mean().item(), rel=1e-5)
+        # padding keys are excluded: real rows of sequence 1 see 6 keys
+        assert s.entropy_uniform.max() < np.log(9)
+
+
+def test_hf_sdpa_stats_match_eager_output_attentions(path):
+    """Every SDPA path records the statistics of the weights the eager code computes."""
+    inputs = bert_inputs()
+    qmask = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        weights = tiny_bert("eager")(**inputs, output_attentions=True).attentions
+        with monitor(tiny_bert("sdpa"), path) as mon:
+            mon.query_mask = qmask
+            mon.model(**inputs)
+    for s, w in zip(mon.stats().values(), weights, strict=True):
+        np.testing.assert_allclose(s.entropy, entropy_from_weights(w.double(), qmask), rtol=1e-5)
+        kept = w.amax(-1)[qmask[:, None, :].expand_as(w.amax(-1))]
+        assert s.max_weight.mean() == pytest.approx(kept.mean().item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_hf_gqa_sdpa_is_monitored(causal, path):
+    """A Llama-style model with 2 key/value heads for 4 query heads, through the sdpa path."""
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.LlamaModel(cfg).eval()
+    ids = torch.randint(0, 50, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    if not causal:  # padding turns the causal flag into an explicit bool mask
+        mask[0, :3] = 0
+    with torch.no_grad():
+        before = model(ids, attention_mask=mask).last_hidden_state
+        eager = transformers.LlamaModel(copy.deepcopy(cfg)).eval()  # not a shared config
+        eager.load_state_dict(model.state_dict())
+        eager.set_attn_implementation("eager")
+        weights = eager(ids, attention_mask=mask, output_attentions=True).attentions
+        with monitor(model, path) as mon:
+            mon.query_mask = mask.bool()
+            during = model(ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(during, before, rtol=1e-6, atol=1e-6)
+    for s, w in zip(mon.stats().values(), weights, strict=True):
+        np.testing.assert_allclose(s.entropy, entropy_from_weights(w.double(), mask.bool()),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_gqa_decoding_with_padding_is_monitored(path):
+    """transformers packs the query heads of one-token GQA decoding into SDPA's row axis; the
+    statistics then come from the model's own arguments, per query head."""
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, attn_implementation="sdpa",
+                                   pad_token_id=0, eos_token_id=None)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(1, 50, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, :2] = 0  # left padding
+    ids[0, :2] = 0
+    with torch.no_grad():
+        before = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+        with monitor(model, path) as mon:
+            during = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+    assert torch.equal(before, during)
+    (s,) = mon.stats().values()
+    assert s.rows.shape == (4,) and np.all(s.rows == s.rows[0]) and s.rows[0] > 0
+
+
+def test_sdpa_calls_the_fused_kernel_cannot_reproduce_run_sdpa_itself():
+    """Autograd and float masks under compile=True: SDPA runs, bitwise, and the statistics are
+    still taken."""
+    model, inputs = tiny_bert("sdpa"), bert_inputs()
+    before = model(**inputs).last_hidden_state  # grad enabled: the weights require grad
+    with Monitor(model, compile=True) as mon:
+        mon.query_mask = inputs["attention_mask"].bool()
+        during = model(**inputs).last_hidden_state
+    assert torch.equal(before, during)
+    during.sum().backward()  # the graph is SDPA's own
+    assert len(mon.stats()) == 2
+    q, k, v = torch.randn(3, 1, 2, 5, 4).unbind(0)
+    bias = torch.zeros(1, 1, 5, 5)
+    bias[..., 0] = torch.finfo(torch.float32).min  # a transformers-style float mask
+    with torch.no_grad(), Monitor(model, compile=True) as mon:
+        out = mon.sdpa(model, q, k, v, attn_mask=bias)
+    assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, bias))
+    (s,) = mon.stats().values()
+    np.testing.assert_allclose(s.entropy_uniform, np.log(4))  # key 0 counted as hidden
+    # one query batch against two of keys: SDPA broadcasts it, the fused pass does not try
+    k2, v2 = torch.randn(2, 2, 2, 5, 4).unbind(0)
+    with torch.no_grad(), Monitor(model, compile=True) as mon:
+        out = mon.sdpa(model, q, k2, v2)
+    assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(q, k2, v2))
+
+
+def test_hf_gpt2_is_monitored_with_its_causal_mask():
+    cfg = transformers.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=16,
+                                  attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.GPT2Model(cfg).eval()
+    ids = torch.randint(0, 50, (2, 8))
+    with torch.no_grad():
+        before = model(ids).last_hidden_state
+        with Monitor(model) as mon:
+            out = model(ids, output_attentions=True)
+    assert torch.equal(before, out.last_hidden_state)
+    for s, w in zip(mon.stats().values(), out.attentions, strict=True):
+        np.testing.assert_allclose(s.entropy, entropy_from_weights(w.double()), rtol=1e-5)
+        # causal: query i sees i + 1 keys
+        assert s.entropy_uniform.mean() == pytest.approx(np.mean(np.log(np.arange(1, 9))))
+
+
+def test_torch_multihead_attention():
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 6, 16)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[0, 4:] = True  # True = ignore, in nn.MultiheadAttention
+    with torch.no_grad():
+        before, w = mha(x, x, x, key_padding_mask=pad, average_attn_weights=False)
+        with Monitor(mha) as mon:
+            during, _ = mha(x, x, x, key_padding_mask=pad)
+    assert torch.equal(before, during)
+    (s,) = mon.stats().values()
+    np.testing.assert_allclose(s.entropy, entropy_from_weights(w.double()), rtol=1e-5)
+
+
+def test_attnscale_module_and_counterfactuals():
+    torch.manual_seed(0)
+    m = MultiheadSelfAttention(16, 4, score="cosine", tau=10.0, causal=True)
+    x = torch.randn(2, 7, 16)
+    with torch.no_grad():
+        before = m(x)
+        with Monitor(m, counterfactuals=True) as mon:
+            during = m(x)
+    assert torch.equal(before, during) and m.capture is None
+    q, k, _ = m.split_heads(x)
+    logits = 10.0 * torch.nn.functional.normalize(q, dim=-1) @ torch.nn.functional.normalize(
+        k, dim=-1).transpose(-2, -1)
+    expected = logit_stats(logits.detach(), is_causal=True)
+    (actual,) = mon.stats().values()
+    np.testing.assert_allclose(actual.entropy, expected.entropy, rtol=1e-5)
+    (cos1,) = mon.stats("cosine_tau1").values()
+    assert np.all(cos1.entropy > actual.entropy)  # τ = 1 spreads attention out
+    (dot,) = mon.stats("dot").values()
+    unscaled = logit_stats((q @ k.transpose(-2, -1)).detach(), is_causal=True)
+    np.testing.assert_allclose(dot.entropy, unscaled.entropy, rtol=1e-5)
+
+
+def test_every_samples_calls():
+    m = MultiheadSelfAttention(16, 4)
+    with torch.no_grad(), Monitor(m, every=2) as mon:
+        for _ in range(4):
+            m(torch.randn(1, 5, 16))
+    (s,) = mon.stats().values()
+    assert s.rows.sum() == 2 * 4 * 5  # two of four calls, 4 heads × 5 rows each
+
+
+def test_bad_use():
+    with pytest.raises(ValueError, match="no attention"):
+        Monitor(nn.Linear(2, 2)).__enter__()
+    with pytest.raises(ValueError, match="every"):
+        Monitor(nn.Linear(2, 2), every=0)
+    with pytest.raises(ValueError, match="variant"):
+        Monitor(nn.Linear(2, 2)).stats("nope")
+
+
+def test_compiled_statistics_equal_eager():
+    """Monitor(compile=True) fuses the same math with torch.compile: same numbers."""
+    model, inputs = tiny_bert("sdpa"), bert_inputs()
+    results = {}
+    for compile in (False, True):
+        with torch.no_grad(), Monitor(model, counterfactuals=True, compile=compile) as mon:
+            mon.query_mask = inputs["attention_mask"].bool()
+            model(**inputs)
+        results[compile] = {v: mon.stats(v) for v in ("actual", "dot", "cosine_tau1")}
+    for variant, layers in results[False].items():
+        for name, eager in layers.items():
+            fused = results[True][variant][name]
+            for field in ("entropy", "max_weight", "effective_keys", "logit_std",
+                          "max_abs_logit", "jacobian_norm", "logsumexp"):
+                np.testing.assert_allclose(getattr(fused, field), getattr(eager, field),
+                                           rtol=1e-5, atol=1e-6, err_msg=f"{variant} {field}")
