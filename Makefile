@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: test report lint bench clean
+.PHONY: test fuzz report lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
+
+# Every hypothesis property test with the fuzz profile (many more examples) and a fresh random
+# seed, printed first so that a failure can be replayed with SEED=<seed> make fuzz.
+fuzz: $(STAMP)
+	@seed=$${SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
+	echo "make fuzz: --hypothesis-seed=$$seed"; \
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -p no:cacheprovider -m property \
+		--hypothesis-seed=$$seed tests
 
 report: $(STAMP)
 	$(BIN)/attnscale report --standard --out report

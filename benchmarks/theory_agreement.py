@@ -27,6 +27,7 @@ from pathlib import Path
 
 from scipy import stats
 
+from attnscale.core.scores import SCORES
 from attnscale.measure import montecarlo as mc
 from attnscale.measure import theory as th
 
@@ -34,7 +35,7 @@ NS = (2, 4, 16, 64, 256, 1024, 8192)
 ABS_SCALES = (0.1, 0.5, 1.0)
 REL_SCALES = (0.5, 1.0, 1.5, 2.0, 3.0)  # multiples of s_c = √(2 ln n)
 
-SCORE_POINTS = [  # (d, n, score, tau, method)
+SCORE_POINTS = [  # (d, n, score, tau, method); tau is the cosine temperature
     (1, 64, "dot", 1.0, "rotation"),
     (2, 2, "mup", 1.0, "rotation"),
     (16, 64, "dot", 1.0, "vectors"),
@@ -63,7 +64,7 @@ def rem_theory(n: int, s: float) -> dict[str, float]:
         "max_weight": th.expected_max_weight(n, s),
         "participation": th.expected_participation(n, s),
         "effective_keys": th.expected_effective_keys(n, s),
-        "jacobian_norm": th.expected_jacobian_norm(n, s),
+        "rms_jacobian_norm": th.rms_jacobian_norm(n, s),
         "logit_std": s,
     }
 
@@ -94,9 +95,10 @@ def score_rows(scale: float, seed: int) -> list[dict]:
     for i, (d, n, score, tau, method) in enumerate(SCORE_POINTS):
         budget = (1 << 26) // (n * (d if method == "vectors" else 4))
         samples = int(scale * max(1000, min(20_000, budget)))
-        est = mc.mc_score_stats(d, n, score, tau=tau, samples=samples, seed=seed + i,
-                                method=method)
-        exact = th.score_moments(d, n, score, tau)
+        params = {"tau": tau} if "tau" in SCORES[score].defaults else {}
+        est = mc.mc_score_stats(d, n, score, samples=samples, seed=seed + i, method=method,
+                                **params)
+        exact = th.score_moments(d, n, score, **params)
         theory = {q: exact.get(q) for q in th.QUANTITIES}
         rows += compare({"part": "score", "d": d, "n": n, "score": score, "tau": tau,
                          "method": method, "samples": samples}, theory, est)

@@ -2,9 +2,9 @@
 
     python benchmarks/train_overhead.py [--blocks 8] [--d-model 128] [--out results/x.json]
 
-Three arms train the same model (the MQAR quick config of ``attnscale.lab.train.TrainConfig`` unless
-told otherwise) through the same loop, ``attnscale.lab.train.Trainer`` (same batches, AdamW, clipping,
-schedule, one history row every ``log_every`` = 25 steps):
+Three arms train the same model (the MQAR quick config of ``attnscale.lab.train.TrainConfig``
+unless told otherwise) through the same loop, ``attnscale.lab.train.Trainer`` (same batches,
+AdamW, clipping, schedule, one history row every ``log_every`` = 25 steps):
 
 * ``attnscale``: :class:`attnscale.lab.models.GPT`, attention statistics logged in every row (one
   extra no-grad forward of 16 sequences with the capture hook, then
@@ -17,7 +17,8 @@ schedule, one history row every ``log_every`` = 25 steps):
 Blocks of 25 steps (each holding exactly one logged row) alternate between the arms, in rotating
 order, so that load on a shared machine hits all alike; the ratio is median block time / median
 sdpa block time. MFU = model FLOPs per step / step time / this machine's float32 matmul peak
-(``attnscale.measure.bench.matmul_peak_gflops``, measured in the same process at the same thread count).
+(``attnscale.measure.bench.matmul_peak_gflops``, measured in the same process at the same
+thread count).
 FLOP convention as in :mod:`attnscale.measure.bench`: forward = 2·tokens·(matmul weights, readout
 included) + attention 4·B·T²·d per layer, halved under the causal mask; a training step = 3×.
 """
@@ -34,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnscale.measure.bench import matmul_peak_gflops
 from attnscale.lab.models import GPT
-from attnscale.util.provenance import git_revision, machine, versions
 from attnscale.lab.train import TrainConfig, Trainer, num_threads
+from attnscale.measure.bench import matmul_peak_gflops
+from attnscale.util.provenance import git_revision, machine, versions
 
 
 class PlainAttention(nn.Module):

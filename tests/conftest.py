@@ -1,9 +1,52 @@
-"""Shared fixtures."""
+"""Shared fixtures, hypothesis profiles and the ``property`` marker.
+
+Hypothesis profiles (chosen with the ``HYPOTHESIS_PROFILE`` environment variable):
+
+``ci`` (default)
+    Derandomized: every run draws the same examples, so ``make test`` passes or fails the same
+    way on every machine. No example database, so earlier local failures do not leak in.
+``fuzz``
+    Many more examples from a random seed (``make fuzz`` passes ``--hypothesis-seed`` and prints
+    it, so a failure can be replayed); failing examples are printed as reproducible blobs.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from hypothesis import HealthCheck, is_hypothesis_test, settings
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=40,
+    print_blob=True,
+)
+settings.register_profile(
+    "fuzz",
+    deadline=None,
+    database=None,
+    max_examples=1000,
+    print_blob=True,
+    # some strategies reject shapes; at this many examples that is expected, not a problem
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "property: a hypothesis property test (make fuzz)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every hypothesis test ``property`` so ``-m property`` selects them all."""
+    for item in items:
+        if is_hypothesis_test(getattr(item, "obj", None)):
+            item.add_marker(pytest.mark.property)
 
 
 @pytest.fixture

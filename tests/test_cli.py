@@ -1,45 +1,170 @@
-"""The command line: bad input is one line on stderr and exit status 2, never a traceback."""
+"""The command line: bad input is one line on stderr and exit status 2, never a traceback.
+
+The table holds bad command lines for every command: unknown options and values, a file that
+is not SQLite, a directory where a file is expected, a missing file, and an output folder that
+cannot be written (a path under a regular file: the tests may run as root, who can write into
+read-only folders).
+"""
 
 from __future__ import annotations
 
+import json
+import shutil
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from attnscale.cli import app, lab
+from attnscale.cli import run as cli_run
+from attnscale.lab.store import Store
+from attnscale.lab.tasks import TASKS
 
-def run(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "attnscale.cli", *args], capture_output=True, text=True, timeout=120
-    )
+SWEEP = """
+[base]
+task = "mqar"
+seq_len = 16
+num_kv_pairs = 2
+d_model = 16
+n_heads = 2
+n_layers = 1
+batch_size = 4
+steps = 1
+warmup_steps = 0
+"""
+
+# (command line with {placeholders}, words the error line must contain)
+BAD = [
+    ("nope", "No such command"),
+    ("bench --score cosinus", "score must be one of"),
+    ("bench --n 0", "--n must be positive"),
+    ("bench --bogus", "No such option"),
+    ("bench --repeats x", "--repeats"),
+    ("theory --samples 1", "--samples"),
+    ("theory --plot {file}/figs", "--plot"),
+    ("theory --plot {file}", "--plot"),
+    ("inspect --text {dir}", "--text"),
+    ("inspect --text {missing}", "--text"),
+    ("inspect --text {binary}", "binary"),
+    ("inspect --text {file} --sentence hi", "not both"),
+    ("inspect --sentence hi --plot {file}/heatmaps", "--plot"),
+    ("inspect {missing} --sentence hi", "folder"),
+    ("train --task nope", "task"),
+    ("train --steps 0", "steps"),
+    ("train --lr -1", "lr"),
+    ("train --score cosinus", "score"),
+    ("train --steps x", "--steps"),
+    ("train --task text --text {dir} --steps 1", "text"),
+    ("train --task text --text {missing} --steps 1", "text"),
+    ("sweep {dir} --db {tmp}/runs.db", "directory"),
+    ("sweep {missing} --db {tmp}/runs.db", "no file"),
+    ("sweep {file} --db {tmp}/runs.db", "TOML"),
+    ("sweep {binary} --db {tmp}/runs.db", "UTF-8"),
+    ("sweep {toml} --db {file}", "db"),
+    ("sweep {toml} --db {dir}", "db"),
+    ("sweep {toml} --db {file}/runs.db", "db"),
+    ("sweep {toml} --db {tmp}/runs.db --executor nope", "executor"),
+    ("sweep {toml} --db {tmp}/runs.db --workers 0", "--workers"),
+    ("sweep {toml}", "--db"),
+    ("results --db {file}", "db"),
+    ("results --db {dir}", "directory"),
+    ("results --db {missing}", "no file"),
+    ("results --db {db} --csv {dir}", "--csv"),
+    ("results --db {db} --csv {file}/runs.csv", "--csv"),
+    ("results --db {db} --parquet {dir}", "--parquet"),
+    ("results --db {db} --parquet {file}/runs.parquet", "--parquet"),
+    ("results --db {db} --status bogus", "status"),
+    ("results", "--db"),
+    ("report --db {file} --out {tmp}/report", "db"),
+    ("report --db {dir} --out {tmp}/report", "db"),
+    ("report --out {file}/report", "--out"),
+    ("report --out {file}", "--out"),
+    ("report --quick --full", "one preset"),
+    ("report --executor nope --out {tmp}/report", "executor"),
+]
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> dict[str, str]:
+    """A regular text file, a folder, a missing path, a binary file, a sweep, an empty store."""
+    (tmp_path / "f.txt").write_text("hello, not a database\n")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "blob.bin").write_bytes(b"\x00\xff\xfe binary")
+    (tmp_path / "sweep.toml").write_text(SWEEP)
+    with Store(tmp_path / "empty.db"):
+        pass
+    return {
+        "tmp": str(tmp_path), "file": str(tmp_path / "f.txt"), "dir": str(tmp_path / "folder"),
+        "missing": str(tmp_path / "missing.txt"), "binary": str(tmp_path / "blob.bin"),
+        "toml": str(tmp_path / "sweep.toml"), "db": str(tmp_path / "empty.db"),
+    }
+
+
+def assert_one_error_line(code: int, stderr: str, words: str) -> None:
+    assert code == 2, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: ") and words in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("line,words", BAD, ids=[line for line, _ in BAD])
+def test_bad_command_line_is_one_line_exit_2(line, words, paths, capsys):
+    code = cli_run(line.format(**paths).split())
+    assert_one_error_line(code, capsys.readouterr().err, words)
+
+
+def test_the_table_covers_every_command():
+    names = {c.name or c.callback.__name__ for c in app.registered_commands}
+    assert names == {"bench", "theory", "inspect", "train", "sweep", "results", "report"}
+    assert names <= {line.split()[0] for line, _ in BAD}
+    assert len(BAD) >= 25
+
+
+def program() -> list[str]:
+    """The installed console script next to this interpreter, else ``python -m attnscale.cli``."""
+    script = shutil.which("attnscale", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-m", "attnscale.cli"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*program(), *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize(
-    "args,words",
+    "line,words",
     [
-        (["bench", "--score", "cosinus"], "score must be one of"),
-        (["bench", "--n", "0"], "--n must be positive"),
-        (["bench", "--bogus"], "No such option"),
-        (["bench", "--repeats", "x"], "--repeats"),
-        (["nope"], "No such command"),
+        ("results --db {file}", "db"),
+        ("sweep {toml} --db {dir}", "db"),
+        ("theory --plot {file}/figs", "--plot"),
+        ("bench --bogus", "No such option"),
     ],
 )
-def test_bad_input_is_one_line_exit_2(args, words):
-    out = run(*args)
-    assert out.returncode == 2
-    assert "Traceback" not in out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0]
+def test_the_real_entry_point(line, words, paths):
+    out = run(*line.format(**paths).split())
+    assert_one_error_line(out.returncode, out.stderr, words)
+
+
+def test_not_sqlite_is_caught_even_when_the_store_lets_it_through(paths, capsys, monkeypatch):
+    """main() turns any sqlite3 error into one line, whichever layer raised it."""
+    def broken(*args, **kwargs):
+        raise sqlite3.DatabaseError("file is not a database")
+
+    monkeypatch.setattr(lab.St, "Store", broken)
+    code = cli_run(["results", "--db", paths["file"]])
+    assert_one_error_line(code, capsys.readouterr().err, "file is not a database")
 
 
 def test_help_lists_commands():
     out = run("--help")
     assert out.returncode == 0 and "bench" in out.stdout
+    out = run("train", "--help")
+    assert out.returncode == 0 and "--task" in out.stdout
 
 
 def test_theory_json_rows():
-    import json
-
     out = run("theory", "--json", "--samples", "50")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["rows"]
@@ -50,6 +175,15 @@ def test_theory_json_rows():
     assert len(rows) == 4 * 4 * 3 * 5
 
 
-def test_theory_bad_samples():
-    out = run("theory", "--samples", "1")
-    assert out.returncode == 2 and out.stderr.startswith("error: ")
+@pytest.mark.slow
+@pytest.mark.parametrize("steps", [1, 40])
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_every_task_trains_with_its_defaults_and_any_steps(task, steps, capsys):
+    """No default (warmup, positions) may conflict with a valid --steps or with the task."""
+    small_eval = ["--eval-windows", "8"] if task == "text" else ["--eval-size", "8"]
+    code = cli_run(["train", "--task", task, "--steps", str(steps), "--json", "--batch-size",
+                    "4", "--eval-batch-size", "8", *small_eval])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    assert result["steps"] == steps and result["config"]["task"] == task

@@ -15,6 +15,7 @@ import pytest
 from scipy.interpolate import CubicSpline
 
 from attnscale.audit import explorer as ex
+from attnscale.core.scores import get_score
 from attnscale.measure import theory as th
 
 IDS = ("explorer-d", "explorer-n", "explorer-score", "explorer-tau", "explorer-cap",
@@ -57,7 +58,7 @@ def test_gauss_grid_equals_theory(small: dict) -> None:
             assert g["participation"][ni][si] == pytest.approx(
                 th.expected_participation(n, s), rel=1e-8)
             assert g["jacobian_sq"][ni][si] == pytest.approx(
-                th.expected_jacobian_norm(n, s) ** 2, rel=1e-8)
+                th.rms_jacobian_norm(n, s) ** 2, rel=1e-8)
 
 
 def test_cosine_grid_equals_theory(small: dict) -> None:
@@ -68,9 +69,9 @@ def test_cosine_grid_equals_theory(small: dict) -> None:
             for ti in (0, 4, 9, 14):
                 tau = c["tau"][ti]
                 for q in ("entropy", "max_weight", "participation"):
-                    want = th.expected_stat(q, d, n, "cosine", tau)
+                    want = th.expected_stat(q, d, n, "cosine", tau=tau)
                     assert c[q][di][ni][ti] == pytest.approx(want, rel=1e-8), (q, d, n, tau)
-                jac = th.expected_stat("jacobian_norm", d, n, "cosine", tau)
+                jac = th.expected_stat("rms_jacobian_norm", d, n, "cosine", tau=tau)
                 assert c["jacobian_sq"][di][ni][ti] == pytest.approx(jac**2, rel=1e-8)
 
 
@@ -90,7 +91,7 @@ def _gauss_interp(data: dict, ni: int, q: str, s: float) -> float:
 
 
 @pytest.mark.parametrize(("score", "scale"), [("scaled_dot", 1 / 8), ("dot", 1.0),
-                                               ("mup", th.MUP_C / 64)])
+                                               ("mup", get_score("mup").defaults["c"] / 64)])
 def test_chi_average_of_grid_matches_expected_stat(one_point: dict, score: str,
                                                    scale: float) -> None:
     """What the page shows as "exact" for d = 64, n = 512 is expected_stat to < 2e-3."""
@@ -106,8 +107,14 @@ def test_cosine_interpolation_between_grid_points(one_point: dict) -> None:
     for tau in (1.2, 10.0, 20.0):
         for q in ("entropy", "max_weight", "participation"):
             spline = CubicSpline(np.log2(c["tau"]), c[q][0][0], bc_type="natural")
-            want = th.expected_stat(q, 64, 512, "cosine", tau)
+            want = th.expected_stat(q, 64, 512, "cosine", tau=tau)
             assert float(spline(math.log2(tau))) == pytest.approx(want, rel=5e-3), (q, tau)
+
+
+def test_labels_and_constants_come_from_the_registry(small: dict) -> None:
+    assert {name: get_score(name).label for name in ex.PAGE_SCORES} == ex.SCORES
+    assert small["mup_c"] == get_score("mup").defaults["c"]
+    assert small["defaults"]["cap"] == get_score("softcap").defaults["cap"]
 
 
 def test_data_is_a_fresh_copy(small: dict) -> None:

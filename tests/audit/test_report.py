@@ -11,7 +11,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from attnscale.audit import render
 from attnscale.audit import report as R
+from attnscale.lab.store import Store
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "report.schema.json").read_text())
 IDS = [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3"]
@@ -62,6 +64,9 @@ def test_rerun_reuses_everything(tiny):
     assert took < max(10.0, first_s / 2)
     assert [c["verdict"] for c in again["claims"]] == [c["verdict"] for c in first["claims"]]
     assert again["n_runs"] == first["n_runs"]
+    with Store(out / "results.db") as store:  # every measurement is cached in the one store
+        kinds = {r[0] for r in store.conn.execute("SELECT kind FROM measurements")}
+    assert kinds == {"implementation", "qk", "rem", "bench", "minilm", "explorer"}
 
 
 def test_html_escapes_every_string():
@@ -73,7 +78,7 @@ def test_html_escapes_every_string():
               "versions": {"attnscale": evil, "torch": evil}, "elapsed_s": 1.0, "n_runs": 0,
               "bench": [{"score": evil, "n": 1, "fwdbwd_ms": 1.0, "sdpa_fwdbwd_ms": 1.0,
                          "ratio_fwdbwd": 1.0, "gflops": 1.0}]}
-    html = R.render_html(report, "<p>explorer</p>")
+    html = render.render_html(report, "<p>explorer</p>")
     assert evil not in html
     assert "&lt;script&gt;alert(" in html
 
@@ -85,27 +90,31 @@ def test_bad_preset_and_workers(tmp_path):
         R.build_report("tiny", out=tmp_path, workers=0)
 
 
+def test_out_and_db_that_cannot_be_used(tmp_path):
+    blocker = tmp_path / "some_file.txt"
+    blocker.write_text("x")
+    for out in (blocker, blocker / "report"):
+        with pytest.raises(ValueError, match=r"^out: cannot create the folder"):
+            R.build_report("tiny", out=out)
+    with pytest.raises(ValueError, match=r"^db: .*some_file.txt is not a SQLite database"):
+        R.build_report("tiny", out=tmp_path / "report", db=blocker)
+    with pytest.raises(ValueError, match=r"^db: cannot create the folder"):
+        R.build_report("tiny", out=tmp_path / "report", db=blocker / "results.db")
+
+
 def test_cli_rejects_two_presets():
     out = subprocess.run([sys.executable, "-m", "attnscale.cli", "report", "--quick", "--full"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.startswith("error: choose one preset")
 
 
-def test_report_page_in_a_real_browser(tiny, tmp_path):
+def test_report_page_in_a_real_browser(tiny, tmp_path, browser):
     """Headless Chromium: no console errors, every figure renders, sliders update numbers."""
     import os
-    import shutil
 
-    from attnscale.audit import explorer
-
-    if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        if os.environ.get("ATTNSCALE_REQUIRE_BROWSER"):
-            pytest.fail("chromium/chromedriver missing and ATTNSCALE_REQUIRE_BROWSER is set")
-        pytest.skip("chromium and chromedriver are not installed (apt-get install chromium "
-                    "chromium-driver)")
     out, _, _ = tiny
     shot = Path(os.environ.get("ATTNSCALE_SCREENSHOT_DIR", tmp_path)) / "report.png"
-    result = explorer.browser_check(out / "index.html", shot)
+    result = browser.check(out / "index.html", shot)
     assert result["ok"], result["problems"]
     assert not result["console_errors"]
     assert result["numbers_before"] != result["numbers_after"]

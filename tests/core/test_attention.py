@@ -207,7 +207,7 @@ def test_softcap_learned_cap_falls_back_and_is_exact():
 
 
 def test_softcap_chunking_is_invisible(monkeypatch):
-    A = importlib.import_module("attnscale.core.attention")
+    A = importlib.import_module("attnscale.core.chunked")
 
     q, k, v = qkv(nq=40, nk=40, dtype=torch.float64, grad=True)
     mask = masks(nq=40, nk=40)["bool-padding-broadcast"]
@@ -223,13 +223,13 @@ def test_softcap_chunking_is_invisible(monkeypatch):
 
 def test_softcap_flex_score_mod_matches_reference():
     """The FlexAttention path (used on GPU) runs eagerly on CPU for forward; same numbers."""
-    from attnscale.core.attention import _flex_attention
+    from attnscale.core.chunked import flex_modded_attention
     from attnscale.core.scores import get_score, resolve_params
 
     q, k, v = qkv(b=1, h=2, nq=16, nk=16, d=8, dtype=torch.float32)
     sc = get_score("softcap")
     params = resolve_params(sc, {"cap": 1.5}, None)
-    out = _flex_attention(sc, params, q, k, v, None, True, None)
+    out = flex_modded_attention(sc, params, q, k, v, None, True, None)
     ref = reference_attention(q, k, v, is_causal=True, score="softcap", cap=1.5)
     check(out, ref, torch.float32)
 
@@ -362,12 +362,12 @@ def test_public_api():
 def test_row_scale_backward_matches_autograd_of_the_formula(rms):
     """The hand-written backward of cosine's and qk_rmsnorm's row scaling, including rows whose
     norm is below eps (where F.normalize clamps and the derivative of the scale is 0)."""
-    from attnscale.core.scores import _RowScale
+    from attnscale.core.score_ops import RowScale
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 3, 5, 8, dtype=torch.float64, generator=g, requires_grad=True)
     eps = 1e-6
-    assert torch.autograd.gradcheck(lambda t: _RowScale.apply(t, eps, rms), (x,))
+    assert torch.autograd.gradcheck(lambda t: RowScale.apply(t, eps, rms), (x,))
     # rows at or below the clamp: finite differences would straddle the kink, so compare with
     # autograd of the plain formula instead
     x = x.detach().clone()
@@ -380,7 +380,7 @@ def test_row_scale_backward_matches_autograd_of_the_formula(rms):
     else:
         plain = x / x.norm(dim=-1, keepdim=True).clamp_min(eps)
     want = torch.autograd.grad(plain, x, dy)[0]
-    got = torch.autograd.grad(_RowScale.apply(x, eps, rms), x, dy)[0]
+    got = torch.autograd.grad(RowScale.apply(x, eps, rms), x, dy)[0]
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attnscale import SCORES, reference_attention
-from attnscale.core.nn import SWIN_INIT, MultiheadSelfAttention
-from attnscale.measure.theory import qknorm_g0
+from attnscale.core.learned import qknorm_g0
+from attnscale.core.nn import SWIN_INIT, MultiheadSelfAttention, temperatures
 
 
 def test_rope_keeps_norms_and_makes_scores_relative():
@@ -58,10 +58,10 @@ def reference_forward(m: MultiheadSelfAttention, x, is_causal):
 
 CONFIGS = [{"score": s} for s in sorted(SCORES)] + [
     {"score": "cosine", "temperature": "swin"},
-    {"score": "cosine", "temperature": "qknorm", "qknorm_length": 72},
+    {"score": "cosine", "temperature": "qknorm", "seq_len": 72},
     {"score": "cosine", "tau": 10.0},
     {"score": "softcap", "cap": 2.0},
-    {"score": "qk_rmsnorm", "norm_affine": False, "scale": 0.12},
+    {"score": "qk_rmsnorm", "learn": False, "scale": 0.12},
     {"score": "log_length", "rotary": True},
 ]
 
@@ -77,7 +77,7 @@ def test_module_matches_reference(cfg, n_kv_heads):
 
 LEARNED = [
     ({"score": "cosine", "temperature": "swin"}, "logit_scale"),
-    ({"score": "cosine", "temperature": "qknorm", "qknorm_length": 8}, "gain"),
+    ({"score": "cosine", "temperature": "qknorm", "seq_len": 8}, "gain"),
     ({"score": "qk_layernorm"}, "q_weight"),
     ({"score": "qk_rmsnorm"}, "k_weight"),
     ({"score": "log_length"}, "s"),
@@ -104,15 +104,15 @@ def test_gradcheck_learnable_score_parameters(cfg, param):
 
 def test_swin_temperature_init_and_clamp():
     m = MultiheadSelfAttention(16, 4, score="cosine", temperature="swin")
-    torch.testing.assert_close(m.tau(), torch.full((4,), 10.0))
+    torch.testing.assert_close(m.learned_params()["tau"], torch.full((4,), 10.0))
     assert m.logit_scale.shape == (4,) and math.isclose(SWIN_INIT, math.log(10))
     with torch.no_grad():
         m.logit_scale.fill_(10.0)
-    torch.testing.assert_close(m.tau(), torch.full((4,), 100.0))  # clamped at ln 100
+    torch.testing.assert_close(m.learned_params()["tau"], torch.full((4,), 100.0))  # ln 100 cap
 
 
 def test_qknorm_gain_init():
-    m = MultiheadSelfAttention(16, 4, score="cosine", temperature="qknorm", qknorm_length=72)
+    m = MultiheadSelfAttention(16, 4, score="cosine", temperature="qknorm", seq_len=72)
     assert math.isclose(m.gain.item(), qknorm_g0(72), rel_tol=1e-6)
     assert math.isclose(qknorm_g0(72), 12.32, abs_tol=0.005)
 
@@ -120,6 +120,17 @@ def test_qknorm_gain_init():
 def test_log_length_s_is_per_head():
     m = MultiheadSelfAttention(16, 4, score="log_length", s=0.5)
     torch.testing.assert_close(m.s.detach(), torch.full((4,), 0.5))
+
+
+def test_learned_parameters_come_from_the_registry():
+    assert temperatures("cosine") == ("fixed", "swin", "qknorm")
+    assert temperatures("scaled_dot") == ("fixed",)
+    # learn=False keeps the fixed values: no parameter beyond the four projections
+    for score in ("qk_layernorm", "qk_rmsnorm", "log_length"):
+        learned = MultiheadSelfAttention(16, 4, score=score)
+        fixed = MultiheadSelfAttention(16, 4, score=score, learn=False)
+        assert learned.learned and not fixed.learned
+        assert len(list(fixed.parameters())) == 4 < len(list(learned.parameters()))
 
 
 @pytest.mark.parametrize(
@@ -133,7 +144,7 @@ def test_log_length_s_is_per_head():
         ({"d_model": 16, "n_heads": 4, "temperature": "swin"}, "needs score='cosine'"),
         (
             {"d_model": 16, "n_heads": 4, "score": "cosine", "temperature": "qknorm"},
-            "qknorm_length",
+            "seq_len",
         ),
         (
             {"d_model": 16, "n_heads": 4, "score": "cosine", "temperature": "hot"},

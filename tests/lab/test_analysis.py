@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from attnscale.core.scores import SCORES, get_score
 from attnscale.lab import analysis as A
 
 
@@ -58,13 +59,13 @@ def test_lr_sensitivity_wortsman(grid):
     # mean over the grid of [min(loss, loss0) - best] = (1 + 0 + 1 + 3) / 4
     assert A.lr_sensitivity(grid) == pytest.approx(5 / 4)
     # seed 0: losses 3, 2, 1, 5 -> best 1 -> (2 + 1 + 0 + 4) / 4; seed 1: 3, 2, 5, 5 -> 7/4
-    assert A.lr_sensitivity_by_seed(grid) == pytest.approx([7 / 4, 7 / 4])
+    seed0 = [r for r in grid if r["config"]["seed"] == 0]
+    assert A.lr_sensitivity(seed0) == pytest.approx(7 / 4)
 
 
 def test_stable_lrs(grid):
     assert A.stable_lrs(grid) == [1e-3, 1e-2]
-    assert A.stable_lr_range(grid) == (1e-3, 1e-2)
-    assert A.stable_lr_range([run(1.0, 9.0)]) is None
+    assert A.stable_lrs([run(1.0, 9.0)]) == []
 
 
 def test_divergence_rate_ignores_unfinished(grid):
@@ -88,11 +89,30 @@ def test_mean_ci_small_and_non_finite():
     assert math.isnan(A.mean_ci([]).mean)
 
 
-def test_metric_and_loss_ci_by_lr(grid):
-    m = A.metric_by_lr(grid)
-    assert m[1e-1].n == 1  # the diverged seed has no metric
-    assert m[1e-2].mean == pytest.approx(1 / 3) and m[1e-2].half_width == pytest.approx(0)
-    assert A.loss_ci_by_lr(grid)[1e-1].mean == pytest.approx(3.0)
+def test_loss_ci_by_lr_and_best_loss_ci(grid):
+    ci = A.loss_ci_by_lr(grid)
+    assert ci[1e-1].mean == pytest.approx(3.0) and ci[1e-1].n == 2  # 1.0 and the diverged 5.0
+    assert ci[1e-2].half_width == pytest.approx(0)
+    best, lr = A.best_loss_ci(grid)
+    assert lr == 1e-2 and best.to_dict() == {"mean": 2.0, "lo": 2.0, "hi": 2.0, "n": 2}
+
+
+def test_each_run_is_clipped_at_its_own_loss0():
+    # L0 = 4 and 6, final 5 for both: clipped min(5, 4) = 4 and min(5, 6) = 5
+    runs = [run(1e-3, 5.0, 0, loss0=4.0), run(1e-3, 5.0, 1, loss0=6.0)]
+    assert A.loss_by_lr(runs) == {1e-3: 4.5}
+    assert A.stable_lrs(runs) == [1e-3]  # 4.5 < mean L0 = 5
+    # a run with neither history nor initial_loss takes the group's mean L0 (5)
+    bare = {**run(1e-3, 9.0, 2), "history": []}
+    assert A.clipped_losses_by_lr([*runs, bare]) == {1e-3: [4.0, 5.0, 5.0]}
+
+
+def test_metric_ci_counts_missing_metrics():
+    runs = [run(1e-3, 1.0, 0), run(1e-3, None, 1, status="diverged"), run(1e-3, 1.0, 2,
+                                                                           status="failed")]
+    ci = A.metric_ci(runs)
+    assert ci.n == 2 and ci.mean == pytest.approx(0.25)  # 0.5 and the diverged run's 0
+    assert A.metric_ci(runs, missing=0.5).mean == pytest.approx(0.5)
 
 
 def test_initial_loss_from_first_history_row():
@@ -104,10 +124,27 @@ def test_initial_loss_from_first_history_row():
         A.loss_by_lr([{**r, "history": []}])
 
 
+def label(name):
+    return getattr(get_score(name), "label", None) or name
+
+
+def test_score_knobs_come_from_the_registry():
+    for name, score in SCORES.items():
+        knobs = A.score_knobs(name)
+        assert set(knobs) == set(score.defaults) | ({"scale"} if score.uses_scale else set())
+    assert A.score_knobs("no-such-score") == ()
+
+
 def test_group_keys():
-    assert A.group_key(run(1e-3, 1.0, score="cosine", tau=10.0)) == "cosine tau=10"
-    assert A.group_key(run(1e-3, 1.0, score="cosine", temperature="swin")) == "cosine swin"
-    assert A.group_key(run(1e-3, 1.0, score="softcap", cap=None)) == "softcap"
+    assert A.group_key(run(1e-3, 1.0, score="cosine", tau=10.0)) == f"{label('cosine')} tau=10"
+    assert A.group_key(run(1e-3, 1.0, score="cosine", temperature="swin")) == (
+        f"{label('cosine')} swin"
+    )
+    assert A.group_key(run(1e-3, 1.0, score="softcap", cap=None)) == label("softcap")
+    assert A.group_key(run(1e-3, 1.0, score="softcap", cap=5.0, scale=0.5)) == (
+        f"{label('softcap')} cap=5 scale=0.5"
+    )
+    assert A.group_key(run(1e-3, 1.0, score="dot", scale=0.5)) == label("dot")  # no scale knob
     assert A.group_key(run(1e-3, 1.0, variant="my-variant")) == "my-variant"
     runs = [
         run(1e-3, 1.0, score="dot"),
@@ -116,39 +153,18 @@ def test_group_keys():
         run(1e-3, 1.0, status="failed"),
     ]
     groups = A.group_runs(runs, by=["d_model"])
-    assert list(groups) == [(64, "dot"), (128, "dot"), (64, "mup c=8")]
+    assert list(groups) == [(64, label("dot")), (128, label("dot")), (64, f"{label('mup')} c=8")]
 
 
-def test_max_logit_curves(grid):
+def test_max_logit_curve_and_peak(grid):
     assert A.max_logit_curve(grid[0]) == [(0, 1.0), (10, pytest.approx(0.01))]
-    curves = A.max_logit_curves(grid)
-    assert curves[1.0] == [(0, 1.5), (10, 10.5)]  # mean over seeds 0 and 1
     assert A.peak_max_logit(grid[7]) == pytest.approx(11.0)
+    assert A.peak_max_logit({"history": [{"step": 0, "loss": 1.0}]}) is None
     assert A.row_max_logit({"layers_max_logit": [1.0, -30.0, math.nan], "step": 3}) == 30.0
     assert A.row_max_logit({"loss": 1.0}) is None
 
 
-def test_layer_curves():
-    r = {
-        "history": [
-            {"step": 0, "layers": [{"max_abs_logit": 1.0}, {"max_abs_logit": 2.0}]},
-            {"step": 5, "layers": [{"max_abs_logit": 3.0}, {"max_abs_logit": None}]},
-        ]
-    }
-    assert A.layer_curves(r) == {0: [(0, 1.0), (5, 3.0)], 1: [(0, 2.0)]}
-
-
-def test_summarize(grid):
-    rows = A.summarize([*grid, run(1e-3, 4.0, score="dot")])
-    assert [r.key for r in rows] == [("mqar", 64, "scaled_dot"), ("mqar", 64, "dot")]
-    s = rows[0]
-    assert s.runs == 8 and s.best_loss == 2.0 and s.best_lr == 1e-2
-    assert s.lr_sensitivity == pytest.approx(1.25) and s.stable_lr_range == (1e-3, 1e-2)
-    assert s.divergence_rate == pytest.approx(1 / 8) and s.max_logit == pytest.approx(11.0)
-    assert s.to_dict()["lr_sensitivity_ci"]["n"] == 2
-
-
-@settings(max_examples=50, deadline=None)
+@settings(deadline=None)  # examples: the hypothesis profile (tests/conftest.py)
 @given(
     st.lists(
         st.tuples(st.sampled_from([1e-3, 1e-2, 1e-1, 1.0]), st.floats(0, 20), st.booleans()),

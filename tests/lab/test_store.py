@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import sqlite3
 import subprocess
 import sys
@@ -11,10 +12,7 @@ import textwrap
 
 import pytest
 
-from attnscale.lab import store as store_module
 from attnscale.lab.store import Store, flat_row, write_csv, write_parquet
-
-STORE_PY = store_module.__file__
 
 
 def result(status="done", n=3, loss=1.0):
@@ -117,18 +115,82 @@ def test_filters(store):
         store.runs(status="finished")
 
 
+def test_measurements_round_trip_with_provenance(store):
+    assert store.get_measurement("bench:1") is None
+    stored = store.put_measurement("bench:1", {"ratio": math.nan, "n": (1, 2)}, kind="bench",
+                                   params={"n": [256]})
+    assert stored == {"ratio": None, "n": [1, 2]}
+    assert store.get_measurement("bench:1") == stored
+    store.put_measurement("bench:1", {"ratio": 1.5})  # a new value replaces the old
+    assert store.get_measurement("bench:1") == {"ratio": 1.5}
+    row = store.conn.execute("SELECT * FROM measurements").fetchone()
+    assert row["kind"] is None and row["versions"] and row["git_rev"] and row["created"] > 0
+
+
+def test_measurements_persist_across_connections(tmp_path):
+    with Store(tmp_path / "m.db") as s:
+        s.put_measurement("qk:1", [1.0, 2.0], kind="qk", params={"samples": 10})
+    with Store(tmp_path / "m.db") as s:
+        assert s.get_measurement("qk:1") == [1.0, 2.0]
+        assert s.integrity_check() == "ok"
+
+
+def test_a_failed_measurement_write_leaves_nothing(store):
+    with pytest.raises(RuntimeError), store.transaction() as c:
+        c.execute("INSERT INTO measurements (key, value) VALUES ('x', '1')")
+        raise RuntimeError("killed mid-transaction")
+    assert store.get_measurement("x") is None
+
+
+def test_a_text_file_is_not_a_database(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database, just some text that is long enough to have a header\n" * 5)
+    with pytest.raises(ValueError, match=r"^db: .*notes.txt is not a SQLite database"):
+        Store(text)
+    assert text.read_text().startswith("not a database")  # left as it was
+    tiny = tmp_path / "x.txt"
+    tiny.write_text("x")  # SQLite itself would overwrite a file this short
+    with pytest.raises(ValueError, match="is not a SQLite database"):
+        Store(tiny)
+    assert tiny.read_text() == "x"
+    empty = tmp_path / "empty.db"
+    empty.touch()  # an empty file is a new database
+    with Store(empty) as s:
+        assert s.counts()["queued"] == 0
+
+
+def test_a_directory_is_not_a_database(tmp_path):
+    with pytest.raises(ValueError, match=r"^db: .* is a directory"):
+        Store(tmp_path)
+
+
+def test_a_folder_that_cannot_be_created(tmp_path):
+    blocker = tmp_path / "some_file.txt"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match=r"^db: cannot create the folder of .*some_file.txt"):
+        Store(blocker / "db.sqlite")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_folder(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        with pytest.raises(ValueError, match=r"^db: .*ro/runs.db "):
+            Store(folder / "runs.db")
+    finally:
+        folder.chmod(0o700)
+
+
 def test_concurrent_writers(tmp_path):
     """Four processes finish 50 runs each into one file at the same time."""
     db = tmp_path / "shared.db"
     Store(db).close()
-    # Load store.py on its own (it imports nothing from attnscale), so the writers start fast.
     script = textwrap.dedent(
         f"""
-        import importlib.util, sys
-        spec = importlib.util.spec_from_file_location("store", {str(STORE_PY)!r})
-        store = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(store)
-        Store = store.Store
+        import sys
+        from attnscale.lab.store import Store
         w = int(sys.argv[1])
         with Store({str(db)!r}) as s:
             for i in range(50):

@@ -18,8 +18,18 @@ from pathlib import Path
 
 import pytest
 
+from attnscale.cli.lab import results
 from attnscale.lab.store import Store
-from attnscale.lab.sweep import config_id, expand, load_spec, parse_spec, plan
+from attnscale.lab.sweep import (
+    Job,
+    config_id,
+    expand,
+    is_current,
+    load_spec,
+    parse_spec,
+    plan,
+    resolve,
+)
 from attnscale.lab.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,6 +188,8 @@ def test_plan_skips_finished_and_redoes_interrupted(tmp_path):
     with Store(tmp_path / "runs.db") as store:
         todo, counts = plan(store, points, "t", retry_failed=False)
         assert [t.id for t in todo] == ids and counts.skipped == 0
+        assert all(isinstance(t, Job) for t in todo)
+        assert [t.config for t in todo] == [p.config for p in points]
         store.finish(ids[0], {"status": "done", "history": [{"step": 0, "loss": 1.0}]})
         store.finish(ids[1], {"status": "diverged", "history": []})
         store.fail(ids[2], "ValueError: boom")
@@ -237,10 +249,8 @@ def test_results_json_and_csv(smoke_db, tmp_path):
 
 
 def test_results_bad_input(tmp_path, smoke_db):
-    from attnscale.cli import results
-
     missing = tmp_path / "missing.db"
-    with pytest.raises(ValueError, match="no results database"):  # the CLI exits 2 on these
+    with pytest.raises(ValueError, match="--db: no file"):  # the CLI exits 2 on these
         results(db=str(missing), as_json=True, csv_path=None, parquet_path=None, status=None)
     assert not missing.exists()
     try:
@@ -432,3 +442,15 @@ def test_sigkill_at_any_moment_then_resume(tmp_path):
     with Store(db) as store:
         again = {r["id"]: r["finished_at"] for r in store.runs(status="done")}
     assert {k: again[k] for k in kept} == kept  # finished runs were not redone
+
+
+def test_a_run_stored_under_other_defaults_is_not_current():
+    """Analyses skip runs whose stored config no longer resolves to their id."""
+    config = resolve({"task": "mqar", "steps": 3})
+    run = {"id": config_id(config), "config": config}
+    assert is_current(run)
+    # as stored by a version whose TrainConfig lacked a field: its id hashed a smaller dict
+    older = {k: v for k, v in config.items() if k != "score_params"}
+    assert not is_current({"id": config_id(older), "config": older})
+    assert not is_current({"id": "0" * 16, "config": config})
+    assert not is_current({"id": config_id(config), "config": {"task": "no such task"}})

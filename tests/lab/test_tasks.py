@@ -18,9 +18,10 @@ from attnscale.lab.tasks import (
     MQARTask,
     SalienceTask,
     TextTask,
-    _distinct,
+    distinct,
     make_task,
 )
+from attnscale.lab.train import TrainConfig
 
 SMALL = {
     "mqar": {"vocab_size": 256},
@@ -87,6 +88,16 @@ def test_defaults_follow_published_setups():
     assert (m.vocab_size, m.seq_len, m.num_kv_pairs, m.power_a) == (8192, 64, 8, 0.01)
     length = make_task("length", seq_len=32)
     assert set(length.eval_batches()) == {"n=32", "n=64", "n=128"}
+
+
+def test_model_defaults_name_train_config_fields():
+    """Each task class states the model settings it needs; the trainer applies them."""
+    for name, cls in TASKS.items():
+        assert isinstance(cls.model_defaults, dict), name
+        assert set(cls.model_defaults) <= set(TrainConfig.model_fields), name
+    assert TASKS["mqar"].model_defaults == {}
+    # the length task evaluates past its training length: learned positions cannot reach there
+    assert TASKS["length"].model_defaults.get("pos") in ("rope", "none")
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
@@ -206,7 +217,7 @@ def test_generation_is_cheap(name, opts):
 @pytest.mark.parametrize(("pool", "k"), [(5, 2), (4, 3)])  # rejection path, top-k path
 def test_distinct_sampler_is_uniform_over_ordered_tuples(pool, k):
     g = torch.Generator().manual_seed(0)
-    draws = _distinct(g, 60000, pool, k)
+    draws = distinct(g, 60000, pool, k)
     assert all(len(set(row)) == k for row in draws.tolist())
     counts = Counter(map(tuple, draws.tolist()))
     n_tuples = math.perm(pool, k)

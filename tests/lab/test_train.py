@@ -1,5 +1,5 @@
-"""attnscale.lab.train: every score trains, divergence is caught, runs are deterministic, bad configs
-are clear errors, and the ``attnscale train`` command."""
+"""attnscale.lab.train: every score trains, divergence is caught, runs are deterministic, bad
+configs are clear errors, defaults fit every task and step count, and ``attnscale train``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from attnscale import SCORES
-from attnscale.lab.train import DIVERGENCE_GRACE_STEPS, TrainConfig, build_optimizer, lr_at, run
+from attnscale.lab.train import (
+    DIVERGENCE_GRACE_STEPS,
+    TrainConfig,
+    build_optimizer,
+    lr_at,
+    run,
+)
 
 # A tiny MQAR model, for everything but learning speed.
 TINY = {
@@ -183,8 +189,13 @@ def test_weight_decay_is_independent_and_skips_norms():
         ({"score": "cosine", "tau": -1.0}, "tau"),
         ({"temperature": "swin"}, "needs score='cosine'"),
         ({"num_items": 4}, "num_items is not an option of task 'mqar'"),
-        ({"task": "length"}, "pos='learned'"),
+        ({"task": "length", "pos": "learned"}, "pos='learned'"),
         ({"warmup_steps": 5000}, "warmup_steps"),
+        ({"steps": 40, "warmup_steps": 41}, "warmup_steps"),
+        ({"score_params": "zz=1"}, "zz is not a parameter of score 'scaled_dot'"),
+        ({"score_params": "zz"}, "name=value"),
+        ({"score": "softcap", "score_params": "cap=3"}, "cap has its own option"),
+        ({"score": "cosine", "temperature": "swin", "tau": 2.0}, "tau is learned"),
     ],
 )
 def test_bad_configs_are_clear_errors(overrides, words):
@@ -207,6 +218,36 @@ def test_mqar_quick_config_defaults():
 def test_config_round_trips():
     cfg = TrainConfig(score="softcap", cap=30.0, lr=1e-3)
     assert TrainConfig(**cfg.model_dump()) == cfg
+
+
+@pytest.mark.parametrize(("steps", "warmup"), [(1, 0), (9, 0), (40, 4), (999, 99), (5000, 100)])
+def test_warmup_default_scales_with_steps(steps, warmup):
+    assert TrainConfig(steps=steps).warmup_steps == warmup
+    assert TrainConfig(steps=steps, warmup_steps=steps).warmup_steps == steps  # explicit is kept
+
+
+def test_tasks_bring_their_model_defaults():
+    from attnscale.lab.config import model_defaults
+    from attnscale.lab.tasks import TASKS
+
+    for name, cls in TASKS.items():
+        cfg = TrainConfig(task=name)
+        for field, value in getattr(cls, "model_defaults", {}).items():
+            assert getattr(cfg, field) == value, (name, field)
+            assert field not in cfg.model_fields_set  # a default, not a user choice
+    assert not TrainConfig().mlp and TrainConfig(mlp=True).mlp  # the user's choice wins
+    assert model_defaults("mqar")["mlp"] is False
+
+
+@pytest.mark.parametrize("task", ["mqar", "text", "salience", "length"])
+def test_every_task_runs_one_step_with_its_defaults(task):
+    from attnscale.lab.tasks import TASKS
+
+    assert task in TASKS
+    small = {"d_model": 16, "n_heads": 2, "n_layers": 1, "batch_size": 4, "stats": False}
+    result = run(TrainConfig(task=task, steps=1, **small))
+    assert result.status == "done" and result.steps == 1
+    assert result.config["warmup_steps"] == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +295,7 @@ def test_cli_bad_option_is_one_line_exit_2(args, words, monkeypatch, capsys):
 
 
 def test_training_statistics_come_from_the_monitor(monkeypatch):
-    """Issue 6: the training lab logs the statistics through attnscale.measure.monitor."""
+    """The training lab logs the statistics through attnscale.measure.monitor."""
     from attnscale.measure.monitor import Monitor
 
     recorded = []

@@ -42,6 +42,11 @@ def test_bench_runs_small():
     assert facts["matmul_peak_gflops"] > 0
 
 
+def test_bench_params_come_from_the_registry():
+    assert bench.bench_params("cosine") == {"tau": 10.0}  # practice's τ, not the default 1
+    assert bench.bench_params("scaled_dot") == {}
+
+
 def test_flop_count():
     assert bench.attention_flops(1, 1, 10, 4, causal=False, backward=False) == 4 * 100 * 4
     assert bench.attention_flops(1, 1, 10, 4, causal=True, backward=True) == 3 * 2 * 100 * 4

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
+from attnscale.core.nn import MultiheadSelfAttention
 from attnscale.measure import native
 from attnscale.measure.monitor import Monitor
-from attnscale.core.nn import MultiheadSelfAttention
 from attnscale.measure.stats import logit_stats
 
 monitor_module = importlib.import_module("attnscale.measure.monitor")

@@ -101,7 +101,7 @@ def test_output_layout_is_sdpas(kernel):
     assert out.transpose(1, 2).is_contiguous()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)  # examples: the hypothesis profile (tests/conftest.py)
 @given(
     b=st.integers(1, 2), hkv=st.integers(1, 2), group=st.integers(1, 3),
     n=st.integers(1, 20), s=st.integers(1, 40), d=st.integers(1, 40), dv=st.integers(1, 40),

@@ -1,4 +1,4 @@
-"""Tests for attnscale.measure.theory (exact integrals, closed forms) and attnscale.measure.montecarlo.
+"""attnscale.measure.theory (exact integrals, closed forms) against attnscale.measure.montecarlo.
 
 Agreement rule: theory and seeded Monte Carlo must agree within Z_TOL = 4 standard errors. A
 test here makes ~100 comparisons; if the theory is right each |z| is ~N(0, 1), so the chance
@@ -36,7 +36,7 @@ def rem_value(quantity: str, n: int, s: float) -> float:
         "max_weight": th.expected_max_weight,
         "participation": th.expected_participation,
         "effective_keys": th.expected_effective_keys,
-        "jacobian_norm": th.expected_jacobian_norm,
+        "rms_jacobian_norm": th.rms_jacobian_norm,
         "logit_std": lambda n, s: s,
     }
     return funcs[quantity](n, s)
@@ -54,23 +54,24 @@ def test_rem_theory_matches_monte_carlo(n: int, s: float) -> None:
         assert_agrees(rem_value(quantity, n, s), est[quantity], f"{quantity} n={n} s={s}")
 
 
-SCORE_GRID = [  # (d, n, score, tau, MC method): "vectors" samples q, k themselves
-    (16, 64, "dot", 1.0, "vectors"),
-    (64, 128, "scaled_dot", 1.0, "vectors"),
-    (4, 32, "mup", 1.0, "rotation"),
-    (16, 64, "cosine", 1.0, "vectors"),
-    (3, 256, "cosine", 10.0, "rotation"),
-    (2, 16, "cosine", 10.0, "vectors"),
-    (16, 32, "qk_rmsnorm", 1.0, "vectors"),
-    (8, 32, "qk_layernorm", 1.0, "vectors"),
-    (16, 256, "log_length", 1.0, "rotation"),
+SCORE_GRID = [  # (d, n, score, params, MC method): "vectors" samples q, k themselves
+    (16, 64, "dot", {}, "vectors"),
+    (64, 128, "scaled_dot", {}, "vectors"),
+    (4, 32, "mup", {}, "rotation"),
+    (16, 64, "cosine", {}, "vectors"),
+    (3, 256, "cosine", {"tau": 10.0}, "rotation"),
+    (2, 16, "cosine", {"tau": 10.0}, "vectors"),
+    (16, 32, "qk_rmsnorm", {}, "vectors"),
+    (8, 32, "qk_layernorm", {}, "vectors"),
+    (16, 256, "log_length", {}, "rotation"),
+    (16, 256, "log_length", {"s": 0.5}, "vectors"),
 ]
 
 
-@pytest.mark.parametrize(("d", "n", "score", "tau", "method"), SCORE_GRID)
-def test_score_theory_matches_monte_carlo(d, n, score, tau, method) -> None:
-    est = mc.mc_score_stats(d, n, score, tau=tau, samples=3000, seed=d + n, method=method)
-    exact = th.score_moments(d, n, score, tau)
+@pytest.mark.parametrize(("d", "n", "score", "params", "method"), SCORE_GRID)
+def test_score_theory_matches_monte_carlo(d, n, score, params, method) -> None:
+    est = mc.mc_score_stats(d, n, score, samples=3000, seed=d + n, method=method, **params)
+    exact = th.score_moments(d, n, score, **params)
     for quantity in th.QUANTITIES:
         assert_agrees(exact.get(quantity), est[quantity], f"{quantity} {score} d={d} n={n}")
 
@@ -106,7 +107,7 @@ def test_two_keys_match_closed_forms(s: float) -> None:
         "entropy": expect(lambda x: closed(x)["entropy"]),
         "max_weight": expect(lambda x: closed(x)["max_weight"]),
         "participation": expect(lambda x: closed(x)["participation"]),
-        "jacobian_norm": math.sqrt(expect(lambda x: closed(x)["jacobian_norm"] ** 2)),
+        "rms_jacobian_norm": math.sqrt(expect(lambda x: closed(x)["jacobian_norm"] ** 2)),
     }
     for quantity, value in checks.items():
         assert moments.get(quantity) == pytest.approx(value, rel=1e-7), quantity
@@ -142,7 +143,7 @@ def test_limits_and_shape() -> None:
     n = 64
     assert th.expected_entropy(n, 0.0) == pytest.approx(math.log(n), rel=1e-14)
     assert th.expected_max_weight(n, 0.0) == pytest.approx(1 / n)
-    assert th.expected_jacobian_norm(n, 0.0) == pytest.approx(math.sqrt(n - 1) / n)
+    assert th.rms_jacobian_norm(n, 0.0) == pytest.approx(math.sqrt(n - 1) / n)
     assert th.expected_entropy(1, 2.0) == 0.0 and th.expected_max_weight(1, 2.0) == 1.0
     # Small s: H ≈ ln n − s²/2·(1 − 1/n) to first order.
     assert th.expected_entropy(n, 0.05) == pytest.approx(math.log(n) - 0.05**2 / 2 * (1 - 1 / n),
@@ -152,7 +153,7 @@ def test_limits_and_shape() -> None:
     s = np.r_[np.linspace(0.0, 20.0, 41), 100.0, 1000.0]
     assert np.all(np.diff(th.expected_entropy(n, s)) < 0)
     assert np.all(np.diff(th.expected_max_weight(n, s)) > 0)
-    jac = th.expected_jacobian_norm(n, s)
+    jac = th.rms_jacobian_norm(n, s)
     peak = int(np.argmax(jac))
     assert 0 < peak < s.size - 1 and jac[0] < jac[peak]
     assert np.all(np.diff(jac[peak:]) < 0) and jac[-1] < jac[0] / 2
@@ -177,7 +178,7 @@ def test_asymptotics_loosely() -> None:
 
 
 def test_bounded_logits() -> None:
-    # e²/(e² + 511) = 0.014254: "1.4%" in the anchors (1.43% to three figures).
+    # e²/(e² + 511) = 0.014254: the "1.4%" of claim C4 (1.43% to three figures).
     assert th.max_weight_bound(512, 1.0) == pytest.approx(math.e**2 / (math.e**2 + 511), rel=1e-14)
     assert round(100 * th.max_weight_bound(512, 1.0), 1) == 1.4
     assert th.qknorm_g0(72) == pytest.approx(12.32, abs=5e-3)
@@ -206,7 +207,7 @@ def test_cosine_law() -> None:
     # τ = √d gives τ·cos the std of q·k/√d.
     d = 64
     tau = th.tau_matching_scaled_dot(d)
-    assert th.expected_stat("logit_std", d, 32, "cosine", tau) == pytest.approx(1.0)
+    assert th.expected_stat("logit_std", d, 32, "cosine", tau=tau) == pytest.approx(1.0)
     assert th.expected_stat("logit_std", d, 32, "scaled_dot") == pytest.approx(1.0)
 
 
@@ -262,13 +263,20 @@ def test_theory_table_rows() -> None:
         assert_agrees(r["theory"], est, f"table {r['score']} {r['quantity']}")
 
 
-def test_plots(tmp_path) -> None:
-    pytest.importorskip("matplotlib")
-    a = th.plot_entropy_vs_scale(str(tmp_path / "entropy.png"), ns=(16, 256), samples=100)
-    b = th.plot_phase_diagram(str(tmp_path / "phase.png"), d_max=256, n_max=4096, grid=6)
-    for path in (a, b):
-        with open(path, "rb") as fh:
-            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+def test_theory_follows_the_registry_hooks() -> None:
+    # Every score with a hook is covered; soft-capping (not Gaussian given q) is not.
+    assert set(th.stat_scores()) == {"dot", "scaled_dot", "mup", "cosine", "qk_layernorm",
+                                     "qk_rmsnorm", "log_length"}
+    assert "softcap" in th.init_scores()
+    with pytest.raises(ValueError, match=r"^score 'softcap' has no exact"):
+        th.score_moments(16, 8, "softcap")
+    # The hook's parameters are the registry's: µP at the default c = 8 equals 1/√d at d = 64.
+    assert th.expected_stat("entropy", 64, 32, "mup") == pytest.approx(
+        th.expected_stat("entropy", 64, 32, "scaled_dot"), rel=1e-12)
+    assert th.expected_stat("entropy", 64, 32, "mup", c=16.0) < th.expected_stat(
+        "entropy", 64, 32, "mup")
+    with pytest.raises(ValueError, match="unknown parameter"):
+        th.score_moments(16, 8, "dot", tau=2.0)
 
 
 NAN = float("nan")
@@ -281,7 +289,7 @@ NAN = float("nan")
         (lambda: th.expected_entropy(2.5, 1.0), "n"),
         (lambda: th.expected_max_weight(8, -0.1), "s"),
         (lambda: th.expected_participation(8, NAN), "s"),
-        (lambda: th.expected_jacobian_norm(NAN, 1.0), "n"),
+        (lambda: th.rms_jacobian_norm(NAN, 1.0), "n"),
         (lambda: th.logit_variance(0), "d"),
         (lambda: th.logit_variance(8, var_q=-1.0), "var_q"),
         (lambda: th.expected_stat("entropy", 0, 8, "dot"), "d"),

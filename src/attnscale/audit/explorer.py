@@ -1,4 +1,4 @@
-"""Interactive explorer of the attention softmax, for the report page (issue 7, parts 3 and 4).
+"""Interactive explorer of the attention softmax, for the report page.
 
 The explorer is a self-contained HTML fragment (markup, CSS and plain JavaScript, no network
 requests) with sliders for d_k and n, a score selector (dot, scaled dot, cosine with τ,
@@ -25,21 +25,18 @@ about 10 s once, cached) and the page interpolates it with natural cubic splines
 * soft-cap has no exact curve here (its logits are not Gaussian); the page shows the bound
   e^{2c}/(e^{2c}+n−1), which holds because every logit lies in (−c, c).
 
-Public API: :func:`explorer_data`, :func:`render_explorer`, :func:`standalone_page` and
-:func:`browser_check` (drives the page in headless Chromium; used by ``tests/test_browser.py``
-and reusable for the report page).
+The selector's labels are the scores' registry labels
+(:attr:`attnscale.core.scores.Score.label`); the µP constant and the soft-cap default are the
+registry's. Public API: :func:`explorer_data`,
+:func:`render_explorer` and :func:`standalone_page`; the headless-browser check of the page
+lives with the tests.
 """
 
 from __future__ import annotations
 
-import base64
 import copy
-import json
 import math
 import os
-import shutil
-import tempfile
-import time
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -47,19 +44,15 @@ from typing import Any
 import numpy as np
 from jinja2 import Environment, FileSystemLoader
 
+from attnscale.core.scores import get_score
 from attnscale.measure import theory as th
 
 __all__ = [
-    "CHROMIUM_FLAGS",
     "COSINE_TAUS",
     "GAUSS_S",
-    "MC_DRAWS",
-    "MC_PROBES",
+    "PAGE_SCORES",
     "SCORES",
-    "THEORY_PROBES",
-    "browser_check",
     "explorer_data",
-    "find_chromium",
     "render_explorer",
     "standalone_page",
 ]
@@ -67,14 +60,11 @@ __all__ = [
 TEMPLATES = Path(__file__).with_name("templates")
 """Folder of the jinja2 templates (package data: ``templates/*.html``)."""
 
-SCORES = {
-    "dot": "dot: q·k (unscaled)",
-    "scaled_dot": "scaled dot: q·k/√d",
-    "cosine": "cosine: τ·cos(q, k)",
-    "softcap": "soft-cap: c·tanh((q·k/√d)/c)",
-    "mup": f"µP: {th.MUP_C:g}·q·k/d",
-}
-"""Score options of the selector: value → label."""
+PAGE_SCORES = ("dot", "scaled_dot", "cosine", "softcap", "mup")
+"""The scores the page's script samples and draws."""
+
+SCORES = {name: get_score(name).label for name in PAGE_SCORES}
+"""Score options of the selector: value → registry label."""
 
 GAUSS_S = (0.0, *(2.0 ** (k / 3.0) / 16.0 for k in range(31)))
 """Logit stds of the Gaussian (REM) grid: 0, then 1/16..64 at three points per octave."""
@@ -82,46 +72,9 @@ GAUSS_S = (0.0, *(2.0 ** (k / 3.0) / 16.0 for k in range(31)))
 COSINE_TAUS = tuple(2.0 ** (k / 2.0) for k in range(-4, 11))
 """Cosine temperatures of the cosine grid: 0.25..32 at two points per octave."""
 
-DEFAULTS = {"d": 64, "n": 512, "score": "scaled_dot", "tau": 1.0, "cap": 50.0, "seed": 1}
-"""Initial state of the page (τ = 1 as in the thread; c = 50 as in Gemma 2)."""
-
-THEORY_PROBES = (
-    ("scaled_dot", 64, 512, 1.0),
-    ("dot", 16, 128, 1.0),
-    ("dot", 4, 8192, 1.0),
-    ("mup", 1024, 32, 1.0),
-    ("cosine", 64, 512, 10.0),
-    ("cosine", 8, 2048, 3.0),
-    ("cosine", 256, 4, 32.0),
-)
-"""(score, d, n, τ) points where :func:`browser_check` reads the page's interpolated theory."""
-
-MC_PROBES = (
-    ("scaled_dot", 64, 512, 1.0),
-    ("dot", 16, 128, 1.0),
-    ("mup", 1024, 32, 1.0),
-    ("cosine", 64, 512, 10.0),
-    ("cosine", 4, 8, 3.0),
-)
-"""(score, d, n, τ) points where :func:`browser_check` runs the page's own sampler (400 draws)."""
-
-MC_DRAWS = 400
-
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-default-apps",
-    "--disable-extensions",
-    "--force-device-scale-factor=1",
-    "--window-size=1280,1000",
-)
-"""Flags for an offline headless Chromium (no background network traffic)."""
+DEFAULTS = {"d": 64, "n": 512, "score": "scaled_dot", "tau": 1.0,
+            "cap": get_score("softcap").defaults["cap"], "seed": 1}
+"""Initial state of the page (τ = 1 as in the thread; the registry's soft-cap, Gemma 2's)."""
 
 _SIG = 9  # significant digits kept in the embedded JSON
 _QUANTITIES = ("entropy", "max_weight", "participation", "jacobian_sq")
@@ -150,7 +103,7 @@ def _gauss_grid(ns: list[int]) -> dict[str, list]:
         rows["entropy"].append(th.expected_entropy(n, s))
         rows["max_weight"].append(th.expected_max_weight(n, s))
         rows["participation"].append(th.expected_participation(n, s))
-        rows["jacobian_sq"].append(np.asarray(th.expected_jacobian_norm(n, s)) ** 2)
+        rows["jacobian_sq"].append(np.asarray(th.rms_jacobian_norm(n, s)) ** 2)
     return {"s": _round(GAUSS_S), **{q: _round(v) for q, v in rows.items()}}
 
 
@@ -158,7 +111,7 @@ def _cosine_grid(ds: list[int], ns: list[int]) -> dict[str, list]:
     """Exact τ·cos statistics, indexed [d][n][τ] on ``COSINE_TAUS``."""
     out: dict[str, list] = {q: [] for q in _QUANTITIES}
     for d in ds:
-        per_n = [[th.score_moments(d, n, "cosine", tau) for tau in COSINE_TAUS] for n in ns]
+        per_n = [[th.score_moments(d, n, "cosine", tau=tau) for tau in COSINE_TAUS] for n in ns]
         out["entropy"].append([[m.entropy for m in row] for row in per_n])
         out["max_weight"].append([[m.max_weight for m in row] for row in per_n])
         out["participation"].append([[m.participation for m in row] for row in per_n])
@@ -167,8 +120,9 @@ def _cosine_grid(ds: list[int], ns: list[int]) -> dict[str, list]:
 
 
 def _chi_rules(ds: list[int]) -> dict[str, list]:
-    """Gauss rule in r = ‖q‖ ~ χ_d per d: the one :func:`attnscale.measure.theory.score_moments` uses."""
-    rules = [th._chi_rule(d, th._default_chi_nodes(d)) for d in ds]
+    """Gauss rule in r = ‖q‖ ~ χ_d per d, the one :func:`attnscale.measure.theory.score_moments`
+    uses."""
+    rules = [th.chi_rule(d, th.default_chi_nodes(d)) for d in ds]
     return {"r": [_round(r) for r, _ in rules], "w": [_round(w) for _, w in rules]}
 
 
@@ -187,7 +141,7 @@ def _compute(n_exps: tuple[int, int], d_exps: tuple[int, int]) -> dict[str, Any]
     defaults["n"] = min(max(defaults["n"], ns[0]), ns[-1])
     return {
         "schema": 1,
-        "mup_c": th.MUP_C,
+        "mup_c": get_score("mup").defaults["c"],
         "n": ns,
         "d": ds,
         "defaults": defaults,
@@ -205,10 +159,10 @@ def explorer_data(
     ``n`` = 2^k for k in ``n_exps`` (default 2..8192) and ``d`` = 2^k for k in ``d_exps``
     (default 4..1024) are the slider positions. Keys: ``gauss`` (s, and per n: entropy,
     max_weight, participation = E Σp², jacobian_sq = E‖J‖_F², from
-    :func:`attnscale.measure.theory.expected_entropy` etc.), ``cosine`` (tau, and per [d][n][τ] the same
-    four, from :func:`attnscale.measure.theory.score_moments`), ``chi`` (Gauss rule r, w in ‖q‖ per d),
-    ``mup_c``, ``defaults``. All numbers are rounded to 9 significant digits. The default grid
-    takes ~10 s on one core the first time; later calls are free.
+    :func:`attnscale.measure.theory.expected_entropy` etc.), ``cosine`` (tau, and per [d][n][τ]
+    the same four, from :func:`attnscale.measure.theory.score_moments`), ``chi`` (Gauss rule r,
+    w in ‖q‖ per d), ``mup_c``, ``defaults``. All numbers are rounded to 9 significant digits.
+    The default grid takes ~10 s on one core the first time; later calls are free.
     """
     return copy.deepcopy(_compute(tuple(n_exps), tuple(d_exps)))
 
@@ -272,243 +226,3 @@ def standalone_page(path: str | os.PathLike, data: dict | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(_PAGE.format(fragment=render_explorer(data)), encoding="utf-8")
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# Browser check (headless Chromium through selenium)
-# --------------------------------------------------------------------------------------------
-
-
-def find_chromium() -> tuple[str, str] | None:
-    """(chromium, chromedriver) paths from PATH or /usr/bin, or None if either is missing."""
-    found = []
-    for names in (("chromium", "chromium-browser"), ("chromedriver",)):
-        hits = [shutil.which(n) or (f"/usr/bin/{n}" if Path(f"/usr/bin/{n}").exists() else None)
-                for n in names]
-        hits = [h for h in hits if h]
-        if not hits:
-            return None
-        found.append(hits[0])
-    return found[0], found[1]
-
-
-_NUMBER_IDS = ("entropy", "entropy-norm", "maxw", "effkeys", "jac", "logitstd")
-
-_JS_IMAGES = """
-return Array.from(document.images).map(function (im) {
-  return {src: im.currentSrc || im.src, complete: im.complete, w: im.naturalWidth};
-});"""
-
-_JS_FIGURES = """
-var root = document.getElementById('explorer');
-return Array.from(root.querySelectorAll('canvas, svg')).map(function (f) {
-  return {id: f.id, rendered: f.getAttribute('data-rendered')};
-});"""
-
-_JS_FIGURES_DONE = """
-var figs = document.getElementById('explorer').querySelectorAll('canvas, svg');
-return Array.from(figs).every(function (f) { return f.getAttribute('data-rendered') === '1'; });"""
-
-_JS_CONTROLS = """
-return arguments[0].map(function (id) {
-  var e = document.getElementById(id);
-  return [id, e.value, e.min, e.max];
-});"""
-
-_JS_SET = """
-var el = document.getElementById(arguments[0]);
-var old = el.value;
-el.value = arguments[1];
-el.dispatchEvent(new Event(arguments[2], {bubbles: true}));
-return [old, el.value];"""
-
-_JS_RENDERS = "return Number(document.getElementById('explorer').dataset.renders || 0);"
-
-_LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:", "chrome:", "chrome-untrusted:",
-                  "chrome-search:", "devtools:")
-
-
-def _driver(chromium: str, chromedriver: str, profile: str):
-    """A headless Chromium webdriver that never downloads anything (explicit Service path)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
-        opts.add_argument(flag)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    return webdriver.Chrome(service=Service(chromedriver), options=opts)
-
-
-def _wait(driver, script: str, timeout: float, *args) -> Any:
-    """Poll ``script`` until it returns a truthy value; return it (or the last falsy one)."""
-    end = time.monotonic() + timeout
-    while True:
-        value = driver.execute_script(script, *args)
-        if value or time.monotonic() > end:
-            return value
-        time.sleep(0.05)
-
-
-def _numbers(driver) -> dict[str, str]:
-    """The explorer's displayed numbers (this draw, mean, theory) by element id."""
-    ids = [f"explorer-{k}{suffix}" for k in _NUMBER_IDS for suffix in ("", "-mean", "-theory")]
-    return driver.execute_script(
-        "var o = {}; arguments[0].forEach(function (id) { var e = document.getElementById(id);"
-        " o[id] = e ? e.textContent : null; }); return o;", ids)
-
-
-def _set_and_wait(driver, element_id: str, value: str, event: str, timeout: float) -> bool:
-    """Set a control and dispatch ``event``; if its value changed, wait for the next render."""
-    renders = driver.execute_script(_JS_RENDERS)
-    old, new = driver.execute_script(_JS_SET, element_id, value, event)
-    if old == new:
-        return False
-    return bool(_wait(driver, _JS_RENDERS[:-1] + " > arguments[0];", timeout, renders))
-
-
-def _check_images(driver, timeout: float, problems: list[str]) -> int:
-    """Wait for every <img> to finish loading; each must have naturalWidth > 0."""
-    ready = "return Array.from(document.images).every(function (i) { return i.complete; });"
-    _wait(driver, ready, timeout)
-    images = driver.execute_script(_JS_IMAGES)
-    problems.extend(f"image did not render: {im['src'][:200]}" for im in images
-                    if not im["complete"] or im["w"] <= 0)
-    return len(images)
-
-
-def _check_figures(driver, timeout: float, problems: list[str], when: str) -> int:
-    """Every canvas/svg in #explorer must get data-rendered="1" within ``timeout``."""
-    _wait(driver, _JS_FIGURES_DONE, timeout)
-    figs = driver.execute_script(_JS_FIGURES)
-    if not figs:
-        problems.append("no canvas/svg figure in #explorer")
-    problems.extend(f"{when}: figure #{f['id'] or '?'} has no data-rendered=1" for f in figs
-                    if f["rendered"] != "1")
-    return len(figs)
-
-
-def _check_sliders(driver, timeout: float, problems: list[str]) -> dict[str, Any]:
-    """Move #explorer-n, then #explorer-d, to the other end; the numbers must change."""
-    before = _numbers(driver)
-    controls = driver.execute_script(_JS_CONTROLS, ["explorer-n", "explorer-d"])
-    for element_id, value, low, high in controls:
-        target = high if value == low else low
-        if not _set_and_wait(driver, element_id, target, "input", timeout):
-            problems.append(f"setting #{element_id} = {target} did not re-render")
-    after = _numbers(driver)
-    if all(before[k] == after[k] for k in before):
-        problems.append("moving the n and d sliders did not change the displayed numbers")
-    return {"numbers_before": before, "numbers_after": after}
-
-
-def _check_scores(driver, timeout: float, problems: list[str]) -> None:
-    """Every score (with τ and the cap moved) renders its figures and an entropy."""
-    for score in SCORES:
-        _set_and_wait(driver, "explorer-score", score, "change", timeout)
-        for element_id, value in (("explorer-tau", "8"), ("explorer-cap", "2")):
-            _set_and_wait(driver, element_id, value, "input", timeout)
-        _check_figures(driver, timeout, problems, f"score {score}")
-        if _numbers(driver).get("explorer-entropy") in (None, "", "—"):
-            problems.append(f"score {score}: no entropy shown")
-
-
-def _check_explorer(driver, timeout: float, problems: list[str]) -> dict[str, Any]:
-    """Figures render; sliders change the numbers; every score renders; then back to start."""
-    out: dict[str, Any] = {"figures": _check_figures(driver, timeout, problems, "on load")}
-    ids = ["explorer-score", "explorer-n", "explorer-d", "explorer-tau", "explorer-cap"]
-    start = driver.execute_script(_JS_CONTROLS, ids)
-    out.update(_check_sliders(driver, timeout, problems))
-    _check_scores(driver, timeout, problems)
-    for element_id, value, _, _ in start:
-        event = "change" if element_id == "explorer-score" else "input"
-        _set_and_wait(driver, element_id, value, event, timeout)
-    out["theory_probes"] = driver.execute_script(
-        "var api = window.attnscaleExplorer; if (!api || !api.theory) return null;"
-        " return arguments[0].map(function (p) { return api.theory(p[0], p[1], p[2], p[3]); });",
-        [list(p) for p in THEORY_PROBES])
-    out["mc_probes"] = driver.execute_script(
-        "var api = window.attnscaleExplorer, draws = arguments[1];"
-        " if (!api || !api.monteCarlo) return null;"
-        " return arguments[0].map(function (p) {"
-        " return api.monteCarlo(p[0], p[1], p[2], p[3], 50, 7, draws); });",
-        [list(p) for p in MC_PROBES], MC_DRAWS)
-    return out
-
-
-def _log_problems(driver, problems: list[str]) -> dict[str, list]:
-    """Console errors (level SEVERE) and every request that leaves the machine (http:, ws:...)."""
-    console = driver.get_log("browser")
-    errors = [e for e in console if e.get("level") == "SEVERE"]
-    problems.extend(f"console error: {e.get('message', '')[:300]}" for e in errors)
-    requests = []
-    for entry in driver.get_log("performance"):
-        msg = json.loads(entry["message"])["message"]
-        if msg.get("method") == "Network.requestWillBeSent":
-            url = msg["params"]["request"]["url"]
-            if not url.startswith(_LOCAL_SCHEMES):
-                requests.append(url)
-    problems.extend(f"network request: {u[:200]}" for u in requests)
-    return {"console": console, "console_errors": errors, "requests": requests}
-
-
-def _screenshot(driver, path: Path) -> Path:
-    """Full-page PNG through the DevTools protocol (height capped at 16000 CSS px)."""
-    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
-    clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 16000),
-            "scale": 1}
-    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
-        "format": "png", "captureBeyondViewport": True, "clip": clip})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(base64.b64decode(shot["data"]))
-    return path
-
-
-def browser_check(
-    html_path: str | os.PathLike,
-    screenshot_path: str | os.PathLike,
-    *,
-    timeout: float = 20.0,
-    require_explorer: bool = True,
-) -> dict[str, Any]:
-    """Open ``html_path`` in headless Chromium and check it end to end.
-
-    Checks: every <img> loaded (naturalWidth > 0); if the page has the explorer (required unless
-    ``require_explorer=False``), every canvas/svg in it has ``data-rendered="1"``, setting
-    #explorer-n and #explorer-d to other values (input events) changes the displayed numbers,
-    and every score renders; no console message of level SEVERE; no request that leaves the
-    machine (anything but file:, data:, blob:, about: and Chromium's own chrome: pages).
-    Saves a full-page screenshot PNG to ``screenshot_path``.
-
-    Returns a dict: ``ok``, ``problems`` (list of str, empty when ok), ``images``, ``figures``,
-    ``numbers_before``/``numbers_after`` (id → text), ``theory_probes`` (the page's theory at
-    :data:`THEORY_PROBES`), ``mc_probes`` (mean and standard error of the page's sampler over
-    :data:`MC_DRAWS` draws at :data:`MC_PROBES`), ``console_errors``, ``requests``,
-    ``screenshot``, ``seconds``.
-    Raises RuntimeError if Chromium or chromedriver is missing, ImportError without selenium.
-    """
-    paths = find_chromium()
-    if paths is None:
-        raise RuntimeError("chromium/chromedriver not found (apt-get install chromium "
-                           "chromium-driver)")
-    start = time.monotonic()
-    problems: list[str] = []
-    result: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="attnscale-chromium-") as profile:
-        driver = _driver(*paths, profile)
-        try:
-            driver.get(Path(html_path).resolve().as_uri())
-            _wait(driver, "return document.readyState === 'complete';", timeout)
-            result["images"] = _check_images(driver, timeout, problems)
-            has_explorer = driver.execute_script("return !!document.getElementById('explorer');")
-            if has_explorer:
-                result.update(_check_explorer(driver, timeout, problems))
-            elif require_explorer:
-                problems.append("page has no #explorer")
-            result["screenshot"] = str(_screenshot(driver, Path(screenshot_path)))
-            result.update(_log_problems(driver, problems))
-        finally:
-            driver.quit()
-    result.update(ok=not problems, problems=problems, seconds=time.monotonic() - start)
-    return result

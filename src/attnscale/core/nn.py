@@ -1,30 +1,55 @@
 """Modules built on :func:`attnscale.attention`.
 
 :class:`MultiheadSelfAttention` is a drop-in self-attention block (projections, heads, GQA,
-causal) whose score is one argument, with the learnable score parameters used in the literature:
+causal) whose score is one argument. The score parameters it can learn come from the score's
+registry entry (:attr:`attnscale.core.scores.Score.learnable`, built from
+:mod:`attnscale.core.learned`):
 
-* cosine temperature: ``temperature="swin"`` -- a per-head log-scale initialized at ln 10 and
-  clamped at ln 100 (Swin V2, Liu et al. 2022); ``temperature="qknorm"`` -- one scalar g initialized
-  at g₀ = log₂(L² − L) for a sequence length L (QKNorm, Henry et al. 2020);
-  ``temperature="fixed"`` uses ``tau``;
-* qk norms: per-head affine weights over the head dimension (``norm_affine=True``);
-* log_length: a per-head learnable ``s`` (SSMax, Nakanishi 2025).
+* ``temperature`` picks one learned temperature by name, e.g. for cosine "swin" (per-head
+  log-scale at ln 10, clamped at ln 100; Swin V2, Liu et al. 2022) or "qknorm" (one scalar at
+  g₀ = log₂(L² − L) for a sequence length L; QKNorm, Henry et al. 2020); "fixed" learns none;
+* ``learn=True`` (default) learns the parameters a score learns by default: the QK-norms'
+  per-head affine weights, log_length's per-head ``s`` (SSMax, Nakanishi 2025).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attnscale.core.attention import attention
-from attnscale.core.scores import get_score, resolve_params
+from attnscale.core.learned import SWIN_INIT, SWIN_MAX, Shape
+from attnscale.core.scores import SCORES, Score, get_score, resolve_params
 
-Temperature = Literal["fixed", "swin", "qknorm"]
-SWIN_INIT = math.log(10.0)  # Swin V2: logit scale initialized at log 10 ...
-SWIN_MAX = math.log(100.0)  # ... and clamped at log 100 (τ ≤ 100, i.e. temperature ≥ 0.01)
+__all__ = [
+    "SWIN_INIT",
+    "SWIN_MAX",
+    "MultiheadSelfAttention",
+    "apply_rope",
+    "check_temperature",
+    "temperatures",
+]
+
+
+def temperatures(score: str | Score) -> tuple[str, ...]:
+    """The values ``temperature`` may take for ``score``: "fixed" and its named parametrizations."""
+    sc = get_score(score)
+    return ("fixed", *(n for n, spec in sc.learnable.items() if not spec.default))
+
+
+def check_temperature(score: str | Score, temperature: str) -> str:
+    """``temperature`` if ``score`` offers it; else a ValueError naming the score that does."""
+    sc = get_score(score)
+    if temperature in temperatures(sc):
+        return temperature
+    owners = [s.name for s in SCORES.values() if temperature in temperatures(s)]
+    if owners:
+        raise ValueError(f"temperature={temperature!r} needs score="
+                         f"{' or '.join(map(repr, owners))}, got {sc.name!r}")
+    offered = sorted({t for s in SCORES.values() for t in temperatures(s)})
+    raise ValueError(f"temperature must be one of {offered}, got {temperature!r}")
 
 
 class MultiheadSelfAttention(nn.Module):
@@ -38,13 +63,14 @@ class MultiheadSelfAttention(nn.Module):
         causal: default for ``is_causal`` in :meth:`forward`.
         bias: biases in the projections.
         dropout: attention dropout probability during training.
-        temperature: for ``score="cosine"``: "fixed" (τ = ``tau``), "swin" or "qknorm".
-        qknorm_length: L for ``temperature="qknorm"``.
-        norm_affine: learnable per-head weights for ``qk_layernorm`` / ``qk_rmsnorm``.
-        learn_s: learnable per-head ``s`` for ``log_length``.
+        temperature: "fixed", or one of the score's learned temperatures (:func:`temperatures`).
+        seq_len: the sequence length L the module is built for, where a learned initial value
+            needs it (QKNorm's g₀ = log₂(L² − L)).
+        learn: learn the parameters the score learns by default (QK-norm weights, log-length s).
         rotary: rotary position embedding on q and k (Su et al. 2021), applied before the score.
         rope_base: RoPE frequency base.
-        **score_params: fixed score parameters (``tau``, ``cap``, ``c``, ``s``, ``eps``, ``scale``).
+        **score_params: fixed score parameters (``tau``, ``cap``, ``c``, ``s``, ``eps``,
+            ``scale``...); a learned parameter starts at its fixed value where it has one.
     """
 
     def __init__(
@@ -57,10 +83,9 @@ class MultiheadSelfAttention(nn.Module):
         causal: bool = False,
         bias: bool = False,
         dropout: float = 0.0,
-        temperature: Temperature = "fixed",
-        qknorm_length: float | None = None,
-        norm_affine: bool = True,
-        learn_s: bool = True,
+        temperature: str = "fixed",
+        seq_len: float | None = None,
+        learn: bool = True,
         rotary: bool = False,
         rope_base: float = 10000.0,
         **score_params: Any,
@@ -86,52 +111,40 @@ class MultiheadSelfAttention(nn.Module):
         # score (after projection and RoPE, before the score's own transform) and the keyword
         # arguments of the attention call. attnscale.measure.monitor installs it.
         self.capture: Any = None
-        self._init_score_parameters(temperature, qknorm_length, norm_affine, learn_s)
+        self.learned = self._learned_names(temperature, learn)
+        self._init_learned(seq_len)
         # Fail at construction, not at the first forward, on bad score parameters.
         resolve_params(get_score(self.score), self._attention_kwargs()["params"], self.scale)
 
-    def _init_score_parameters(
-        self, temperature: str, qknorm_length: float | None, norm_affine: bool, learn_s: bool
-    ) -> None:
-        if temperature not in ("fixed", "swin", "qknorm"):
-            raise ValueError(
-                f"temperature must be 'fixed', 'swin' or 'qknorm', got {temperature!r}"
-            )
-        if temperature != "fixed" and self.score != "cosine":
-            raise ValueError(
-                f"temperature={temperature!r} needs score='cosine', got {self.score!r}"
-            )
-        if temperature == "swin":
-            self.logit_scale = nn.Parameter(torch.full((self.n_heads,), SWIN_INIT))
-        elif temperature == "qknorm":
-            if qknorm_length is None:
-                raise ValueError("temperature='qknorm' needs qknorm_length (the L in log2(L²−L))")
-            from attnscale.measure.theory import qknorm_g0  # scipy: imported only when needed
+    def _learned_names(self, temperature: str, learn: bool) -> tuple[str, ...]:
+        """The score's parametrizations this module learns: the defaults, plus ``temperature``."""
+        sc = get_score(self.score)
+        check_temperature(sc, temperature)
+        names = [n for n, spec in sc.learnable.items() if spec.default and learn]
+        return (*names, temperature) if temperature != "fixed" else tuple(names)
 
-            self.gain = nn.Parameter(torch.tensor(float(qknorm_g0(qknorm_length))))
-        if self.score in ("qk_layernorm", "qk_rmsnorm") and norm_affine:
-            self.q_weight = nn.Parameter(torch.ones(self.n_heads, self.head_dim))
-            self.k_weight = nn.Parameter(torch.ones(self.n_kv_heads, self.head_dim))
-        if self.score == "log_length" and learn_s:
-            s0 = float(self.score_params.pop("s", 1.0))
-            self.s = nn.Parameter(torch.full((self.n_heads,), s0))
+    def _init_learned(self, length: float | None) -> None:
+        sc = get_score(self.score)
+        fixed = {**sc.defaults, **self.score_params}
+        shape = Shape(self.n_heads, self.n_kv_heads, self.head_dim, length)
+        self._tensor_names: dict[str, tuple[str, ...]] = {}
+        for name in self.learned:
+            tensors = sc.learnable[name].init(shape, fixed)
+            for tensor_name, value in tensors.items():
+                setattr(self, tensor_name, nn.Parameter(value))
+            self._tensor_names[name] = tuple(tensors)
 
-    def tau(self) -> Tensor | float | None:
-        """The cosine temperature in use: per-head (swin), scalar (qknorm) or fixed."""
-        if hasattr(self, "logit_scale"):
-            return torch.exp(self.logit_scale.clamp(max=SWIN_MAX))
-        if hasattr(self, "gain"):
-            return self.gain
-        return self.score_params.get("tau")
+    def learned_params(self) -> dict[str, Tensor]:
+        """The learned score parameters in use, by score parameter name (e.g. ``tau``, ``s``)."""
+        sc = get_score(self.score)
+        out: dict[str, Tensor] = {}
+        for name in self.learned:
+            tensors = {n: getattr(self, n) for n in self._tensor_names[name]}
+            out.update(sc.learnable[name].value(tensors))
+        return out
 
     def _attention_kwargs(self) -> dict[str, Any]:
-        params: dict[str, Any] = dict(self.score_params)
-        if self.score == "cosine" and self.temperature != "fixed":
-            params["tau"] = self.tau()
-        if hasattr(self, "q_weight"):
-            params["q_weight"], params["k_weight"] = self.q_weight, self.k_weight
-        if hasattr(self, "s"):
-            params["s"] = self.s
+        params: dict[str, Any] = {**self.score_params, **self.learned_params()}
         return {"score": self.score, "scale": self.scale, "params": params}
 
     def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -1,35 +1,70 @@
 """The score registry: every way attnscale turns a query and a key into an attention logit.
 
-A score is one small :class:`Score` entry that holds both
+A score is one small :class:`Score` entry that holds everything attnscale knows about it:
 
 * ``prepare`` -- the fast path: transform q and k (O(N·d) work) so that PyTorch's fused
   ``scaled_dot_product_attention`` with the returned ``scale`` gives exactly this score, and
 * ``formula`` -- the plain materialized formula for the (…, Nq, Nk) logits, which
-  :func:`attnscale.reference_attention` evaluates in float64 and the tests treat as ground truth.
+  :func:`attnscale.reference_attention` evaluates in float64 and the tests treat as ground truth;
+* its defaults, the parameters it can learn (:mod:`attnscale.core.learned`), its labels for
+  tables (``label``) and figures (``tex``, matplotlib mathtext), the parameters benchmarks use,
+  and its theory hooks (below).
 
 A score that cannot be written as "transform q and k, then a dot product" (soft-capping) also
 gives ``mod``/``mod_grad``: an elementwise function applied to the scaled dot product and its
 derivative, which the memory-bounded chunked kernel in :mod:`attnscale.core.attention` uses.
 
-Adding a score means adding one ``register(Score(...))`` call here. Nothing else changes.
+Theory hooks, for q and k with i.i.d. N(0, 1) components (:mod:`attnscale.measure.theory`
+computes exact softmax statistics from them, :mod:`attnscale.measure.montecarlo` samples them):
 
-Parameters may be Python numbers or tensors. A 1-D tensor of length H is a per-head value
-(reshaped to (H, 1, 1)); a tensor of shape (H, D) is a per-head weight over the head dimension.
-Parameters named ``k_*`` belong to the key side and have one row per key head (Hkv under GQA).
+* ``dot_factor(d, n, params)`` -> c when the logit is mod(c·q·k) (mod = identity for fused
+  scores): given q, the logits before ``mod`` are i.i.d. N(0, (c·‖q‖)²). n is the number of
+  keys (None if unknown);
+* ``cosine_law(d, params)`` -> (m, t) when the logit is t·cos(q', k') for independent isotropic
+  q', k' in m dimensions (τ·cos and the QK-norms).
+
+Adding a score means adding one ``register(Score(...))`` call (here, or anywhere before use);
+bench, theory, training, sweeps and figures pick it up. :func:`registered` adds one for the
+duration of a ``with`` block.
+
+Parameters may be numbers or tensors: a 1-D tensor of length H is a per-head value, an (H, D)
+tensor a per-head weight over the head dimension; ``k_*`` parameters have one row per key head.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from attnscale.core.learned import (
+    Learned,
+    head_weights,
+    per_head_value,
+    qknorm_temperature,
+    swin_temperature,
+)
+from attnscale.core.score_ops import (
+    RowScale,
+    check_positive,
+    default_scale,
+    dot_logits,
+    layernorm,
+    per_head,
+    per_head_weight,
+    rmsnorm,
+)
+
 Params = Mapping[str, Any]
+__all__ = [
+    "SCORES", "Context", "Params", "Score", "default_scale", "dot_logits", "get_score",
+    "per_head", "per_head_weight", "register", "registered", "resolve_params", "unregister",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,7 +81,7 @@ class Context:
 
 @dataclass(frozen=True)
 class Score:
-    """One attention scoring: its defaults, its fast path and its reference formula."""
+    """One attention scoring: defaults, fast path, reference formula, labels and theory hooks."""
 
     name: str
     summary: str
@@ -64,6 +99,17 @@ class Score:
     # Optional factor the chunked kernel folds into the (c, D) queries so that ``mod`` receives
     # z·prescale: one pass over the (c, N) block fewer. mod_grad stays d mod/dz of the plain z.
     prescale: Callable[[Params], Any] | None = None
+    label: str = ""  # plain text for tables and selectors; defaults to the name
+    tex: str = ""  # matplotlib mathtext for figures; defaults to the label
+    learnable: Mapping[str, Learned] = field(default_factory=dict)  # by parametrization name
+    bench_params: dict[str, Any] = field(default_factory=dict)  # over defaults, as practice uses
+    normalizes_q: bool = False  # the logit sees only q's direction (‖q‖ drops out)
+    dot_factor: Callable[[int, int | None, Params], float] | None = None  # theory, see above
+    cosine_law: Callable[[int, Params], tuple[int, float]] | None = None  # theory, see above
+
+    def __post_init__(self) -> None:  # frozen: fill the label defaults through object.__setattr__
+        object.__setattr__(self, "label", self.label or self.name)
+        object.__setattr__(self, "tex", self.tex or self.label)
 
     def apply_mod(self, z: Tensor, params: Params) -> Tensor:
         """mod of the plain scaled score z, for callers that do not fold ``prescale`` in."""
@@ -74,6 +120,15 @@ class Score:
     def fused(self) -> bool:
         """True when the score runs on PyTorch's fused SDPA kernel."""
         return self.mod is None
+
+    @property
+    def has_theory(self) -> bool:
+        """True when :mod:`attnscale.measure.theory` can compute its softmax statistics exactly."""
+        return self.cosine_law is not None or (self.dot_factor is not None and self.fused)
+
+    def scalar_params(self) -> tuple[str, ...]:
+        """Names of its number-valued parameters (the ones a config file can set)."""
+        return tuple(n for n, v in self.defaults.items() if isinstance(v, (int, float)))
 
 
 SCORES: dict[str, Score] = {}
@@ -87,6 +142,21 @@ def register(score: Score) -> Score:
         raise ValueError(f"score {score.name!r} needs a formula and a fast path (prepare)")
     SCORES[score.name] = score
     return score
+
+
+def unregister(name: str) -> Score:
+    """Remove the score ``name`` from the registry and return it."""
+    return SCORES.pop(get_score(name).name)
+
+
+@contextmanager
+def registered(score: Score) -> Iterator[Score]:
+    """Register ``score`` for the duration of the ``with`` block (tests, experiments)."""
+    register(score)
+    try:
+        yield score
+    finally:
+        unregister(score.name)
 
 
 def get_score(score: str | Score) -> Score:
@@ -115,106 +185,8 @@ def resolve_params(score: Score, params: Params, scale: float | None) -> dict[st
         raise ValueError(f"scale must be a finite number or None, got {scale!r}")
     merged = {**score.defaults, **params}
     for name in score.positive:
-        _check_positive(name, merged[name])
+        check_positive(name, merged[name])
     return merged
-
-
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, Tensor):
-        if not value.is_floating_point():
-            raise TypeError(f"{name} must be a float tensor or a number, got dtype {value.dtype}")
-        # A learned parameter is kept positive by its parametrization; checking it would
-        # force a device sync on every call.
-        if value.requires_grad:
-            return
-        ok = bool(torch.all(value > 0)) and bool(torch.all(torch.isfinite(value)))
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        ok = value > 0 and math.isfinite(value)
-    else:
-        raise TypeError(f"{name} must be a positive number or tensor, got {type(value).__name__}")
-    if not ok:
-        raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
-
-
-def per_head(value: Any) -> Any:
-    """Shape a per-head parameter to broadcast against (B, H, N, X).
-
-    Numbers and 0-d tensors pass through; a 1-D tensor of length H becomes (H, 1, 1); an
-    (H, D) weight becomes (H, 1, D); a (D,) weight is left as is.
-    """
-    if not isinstance(value, Tensor) or value.dim() == 0:
-        return value
-    if value.dim() == 1:
-        return value.view(-1, 1, 1)
-    if value.dim() == 2:
-        return value.unsqueeze(-2)
-    return value
-
-
-def per_head_weight(value: Any) -> Any:
-    """Shape an affine weight over the head dimension: (D,) stays, (H, D) becomes (H, 1, D)."""
-    if isinstance(value, Tensor) and value.dim() == 2:
-        return value.unsqueeze(-2)
-    return value
-
-
-def default_scale(scale: float | None, d: int) -> float:
-    """1/√d unless the caller gave ``scale`` (Vaswani et al. 2017, eq. 1)."""
-    return 1.0 / math.sqrt(d) if scale is None else float(scale)
-
-
-def dot_logits(q: Tensor, k: Tensor) -> Tensor:
-    """Materialized q·kᵀ over the last dimension: (…, Nq, D) × (…, Nk, D) -> (…, Nq, Nk)."""
-    return q @ k.transpose(-2, -1)
-
-
-def _affine(x: Tensor, weight: Any) -> Tensor:
-    return x if weight is None else x * per_head_weight(weight).to(x.dtype)
-
-
-def _layernorm(x: Tensor, eps: Any, weight: Any) -> Tensor:
-    return _affine(F.layer_norm(x, x.shape[-1:], eps=float(eps)), weight)
-
-
-def _rmsnorm(x: Tensor, eps: Any, weight: Any) -> Tensor:
-    return _affine(_RowScale.apply(x, float(eps), True), weight)
-
-
-class _RowScale(torch.autograd.Function):
-    """y = x·r(x) over the last dimension, with its backward written out.
-
-    ``rms=True``: r = 1/√(mean(x²) + eps) (RMSNorm without weight). ``rms=False``:
-    r = 1/max(‖x‖, eps) (``F.normalize``). With y = x·r, dx = r·(dy − y·⟨y, dy⟩/d) for RMSNorm
-    and r·(dy − y·⟨y, dy⟩) for the unit norm (dx = r·dy where the eps clamp is active). Autograd
-    through the composite ops takes about twice the passes over (…, N, D), and on CPU in torch
-    2.13 that made cosine and qk_rmsnorm ~1.15× SDPA (measured with `attnscale bench`).
-    First derivatives only.
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, eps: float, rms: bool) -> Tensor:  # type: ignore[override]
-        # Half-precision rows are measured in float32: ‖x‖² overflows float16 at ‖x‖ > 256.
-        work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=work)  # (…, N, 1)
-        if rms:
-            r = torch.rsqrt(norm * norm / x.shape[-1] + eps)
-            active = None
-        else:
-            r = 1.0 / norm.clamp_min(eps)
-            active = norm > eps
-        y = (x * r).to(x.dtype)
-        ctx.save_for_backward(y, r, active)
-        ctx.rms = rms
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy: Tensor):  # type: ignore[override]
-        y, r, active = ctx.saved_tensors
-        yw, dyw = y.to(r.dtype), dy.to(r.dtype)
-        dot = torch.linalg.vecdot(yw, dyw).unsqueeze(-1)  # ⟨y, dy⟩ per row
-        dot = dot / y.shape[-1] if ctx.rms else dot * active
-        return torch.addcmul(dyw, yw, dot, value=-1.0).mul_(r).to(dy.dtype), None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,6 +198,9 @@ register(
     Score(
         name="scaled_dot",
         summary="q·k/√d (Vaswani et al. 2017, eq. 1); `scale` overrides 1/√d",
+        label="scaled dot: q·k/√d",
+        tex=r"$q\cdot k/\sqrt{d}$",
+        dot_factor=lambda d, n, p: 1.0 / math.sqrt(d),
         prepare=lambda q, k, scale, p, ctx: (q, k, default_scale(scale, ctx.head_dim)),
         formula=lambda q, k, scale, p, ctx: dot_logits(q, k) * default_scale(scale, q.shape[-1]),
     )
@@ -235,19 +210,31 @@ register(
     Score(
         name="dot",
         summary="q·k, unscaled (the thread's counterfactual)",
+        label="dot: q·k (unscaled)",
+        tex=r"$q\cdot k$",
         uses_scale=False,
+        dot_factor=lambda d, n, p: 1.0,
         prepare=lambda q, k, scale, p, ctx: (q, k, 1.0),
         formula=lambda q, k, scale, p, ctx: dot_logits(q, k),
     )
 )
 
+MUP_C = 8.0  # µP's attention constant c: the one place it is written
+
+
 register(
     Score(
         name="mup",
-        summary="q·k·c/d (µP, Yang et al. 2022; c = 8 as in the mup code equals 1/√d at d = 64)",
-        defaults={"c": 8.0},
+        summary=(
+            "q·k·c/d (µP, Yang et al. 2022, arXiv 2203.03466; c = 8 as in the mup code equals "
+            "1/√d at d = 64)"
+        ),
+        defaults={"c": MUP_C},
+        label=f"µP: {MUP_C:g}·q·k/d",
+        tex=r"$c\,q\cdot k/d$",
         positive=("c",),
         uses_scale=False,
+        dot_factor=lambda d, n, p: float(p["c"]) / d,
         prepare=lambda q, k, scale, p, ctx: (q, k, float(p["c"]) / ctx.head_dim),
         formula=lambda q, k, scale, p, ctx: dot_logits(q, k) * p["c"] / q.shape[-1],
     )
@@ -256,7 +243,7 @@ register(
 
 def _cosine_prepare(q: Tensor, k: Tensor, scale: Any, p: Params, ctx: Context):
     eps = float(p["eps"])
-    qn, kn = _RowScale.apply(q, eps, False), _RowScale.apply(k, eps, False)
+    qn, kn = RowScale.apply(q, eps, False), RowScale.apply(k, eps, False)
     tau = p["tau"]
     if isinstance(tau, Tensor):  # per head or learned: scale the queries
         return qn * per_head(tau).to(q.dtype), kn, 1.0
@@ -281,8 +268,14 @@ register(
             "attnscale.core.nn.MultiheadSelfAttention(temperature=...)"
         ),
         defaults={"tau": 1.0, "eps": 1e-12},
+        label="cosine: τ·cos(q, k)",
+        tex=r"$\tau\cos(q, k)$",
         positive=("tau", "eps"),
         uses_scale=False,
+        learnable={"swin": swin_temperature(), "qknorm": qknorm_temperature()},
+        bench_params={"tau": 10.0},  # x-transformers' fixed τ
+        normalizes_q=True,
+        cosine_law=lambda d, p: (d, float(p["tau"])),
         prepare=_cosine_prepare,
         formula=_cosine_formula,
     )
@@ -311,7 +304,9 @@ def _rmsnorm_formula(q: Tensor, k: Tensor, scale: Any, p: Params, ctx: Context) 
     )
 
 
-def _qk_norm_score(name: str, norm: Callable, formula: Callable, eps: float, summary: str):
+def _qk_norm_score(
+    name: str, norm: Callable, formula: Callable, eps: float, summary: str, **labels: Any
+) -> Score:
     """A QK-norm score: normalize q and k over the head dimension, then scaled dot product."""
 
     def prepare(q, k, scale, p, ctx):
@@ -326,28 +321,38 @@ def _qk_norm_score(name: str, norm: Callable, formula: Callable, eps: float, sum
         positive=("eps",),
         prepare=prepare,
         formula=formula,
+        learnable={"affine": head_weights()},
+        normalizes_q=True,
+        **labels,
     )
 
 
 register(
     _qk_norm_score(
         "qk_layernorm",
-        _layernorm,
+        layernorm,
         _layernorm_formula,
         1e-5,
         "LN(q)·LN(k)/√d, LayerNorm over the head dim, optional per-head weights "
         "(Dehghani et al. 2023; Wortsman et al. 2023)",
+        label="QK-LayerNorm: LN(q)·LN(k)/√d",
+        tex=r"$\mathrm{LN}(q)\cdot\mathrm{LN}(k)/\sqrt{d}$",
+        # LayerNorm centres q and k: √d·cos in the d − 1 dims orthogonal to (1, …, 1).
+        cosine_law=lambda d, p: (d - 1, math.sqrt(d)),
     )
 )
 
 register(
     _qk_norm_score(
         "qk_rmsnorm",
-        _rmsnorm,
+        rmsnorm,
         _rmsnorm_formula,
         1e-6,
         "RMS(q)·RMS(k)/√d, RMSNorm over the head dim, optional per-head weights "
         "(modded-nanogpt uses no weight and scale 0.12 at d = 128)",
+        label="QK-RMSNorm: RMS(q)·RMS(k)/√d",
+        tex=r"$\mathrm{RMS}(q)\cdot\mathrm{RMS}(k)/\sqrt{d}$",
+        cosine_law=lambda d, p: (d, math.sqrt(d)),  # RMS(q)·RMS(k)/√d = √d·cos(q, k)
     )
 )
 
@@ -383,8 +388,11 @@ register(
     Score(
         name="softcap",
         summary="cap·tanh((q·k/√d)/cap), Gemma 2 uses cap = 50 for attention (Gemma Team 2024)",
-        defaults={"cap": 50.0},
+        defaults={"cap": 50.0},  # Gemma 2's attention cap: the one place it is written
+        label="soft-cap: c·tanh((q·k/√d)/c)",
+        tex=r"$c\,\tanh(q\cdot k/(c\sqrt{d}))$",
         positive=("cap",),
+        dot_factor=lambda d, n, p: 1.0 / math.sqrt(d),
         prepare=lambda q, k, scale, p, ctx: (q, k, default_scale(scale, ctx.head_dim)),
         formula=_softcap_formula,
         mod=_softcap_mod,
@@ -408,6 +416,12 @@ def _log_length_formula(q: Tensor, k: Tensor, scale: Any, p: Params, ctx: Contex
     return s * torch.log(n) * dot_logits(q, k) * default_scale(scale, q.shape[-1])
 
 
+def _keys(n: int | None) -> int:
+    if n is None or isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n (number of keys, integer >= 1) is required for log_length, got {n!r}")
+    return n
+
+
 register(
     Score(
         name="log_length",
@@ -416,8 +430,12 @@ register(
             "(position+1 under is_causal, minus keys masked out by attn_mask)"
         ),
         defaults={"s": 1.0},
+        label="log-length: s·ln(n)·q·k/√d",
+        tex=r"$s\,\ln(n)\,q\cdot k/\sqrt{d}$",
         positive=("s",),
         prepare=_log_length_prepare,
         formula=_log_length_formula,
+        learnable={"s": per_head_value("s")},
+        dot_factor=lambda d, n, p: float(p["s"]) * math.log(_keys(n)) / math.sqrt(d),
     )
 )

@@ -6,16 +6,18 @@ for the loss at initialization and the logit curves, ``history`` (list of dicts 
 ``loss`` and max-logit statistics). Only finished runs (``done`` / ``diverged``) are
 measurements; queued, running and failed runs are ignored everywhere.
 
-The learning-rate measures follow Wortsman et al. 2023 (arXiv 2309.14322, §3.2):
+The learning-rate measures follow Wortsman et al. 2023, "Small-scale proxies for large-scale
+Transformer training instabilities" (arXiv 2309.14322, §3.2). For a run r trained at learning
+rate η with seed s:
 
-* loss₀ is the loss at initialization: the first history row's ``loss`` (the store's
-  ``initial_loss`` column when the run dict has no history);
-* a run's *clipped loss* is min(final loss, loss₀), and loss₀ if it diverged (or has no
-  finite final loss);
-* the loss at a learning rate η is the mean clipped loss over seeds; the *best loss* is its
-  minimum over the grid;
-* *LR sensitivity* = mean over the LR grid of [loss(η) − best loss];
-* the *stable LRs* are those where no seed diverged and loss(η) < loss₀.
+* L₀(r), the loss at initialization, is the run's own first logged loss (its first history
+  row's ``loss``, else the store's ``initial_loss`` column); a run that recorded neither takes
+  the mean L₀ of the runs it is analysed with;
+* the *clipped loss* is c(r) = min(L_T(r), L₀(r)), and c(r) = L₀(r) when r diverged or has
+  no finite final loss L_T(r);
+* the loss at η is loss(η) = mean over seeds of c(r); the *best loss* is min_η loss(η);
+* *LR sensitivity* = (1/|grid|) Σ_η [loss(η) − min_η' loss(η')];
+* the *stable LRs* are those where no seed diverged and loss(η) < mean over seeds of L₀(r).
 """
 
 from __future__ import annotations
@@ -23,23 +25,15 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
+
+from scipy import stats
+
+from attnscale.core.scores import get_score
 
 Run = Mapping[str, Any]
 FINISHED = ("done", "diverged")
-
-# Score parameters that distinguish one variant of a score from another.
-SCORE_PARAMS: dict[str, tuple[str, ...]] = {
-    "scaled_dot": ("scale",),
-    "dot": (),
-    "mup": ("c",),
-    "cosine": ("tau",),
-    "qk_layernorm": ("scale",),
-    "qk_rmsnorm": ("scale",),
-    "softcap": ("cap", "scale"),
-    "log_length": ("s", "scale"),
-}
 
 
 @dataclass(frozen=True)
@@ -56,6 +50,10 @@ class MeanCI:
         """high − mean, or None."""
         return None if self.high is None else self.high - self.mean
 
+    def to_dict(self) -> dict[str, Any]:
+        """``{"mean", "lo", "hi", "n"}``: the form the claim rules read."""
+        return {"mean": self.mean, "lo": self.low, "hi": self.high, "n": self.n}
+
     def __str__(self) -> str:
         hw = self.half_width
         return f"{self.mean:.4g}" if hw is None else f"{self.mean:.4g} ± {hw:.2g}"
@@ -69,16 +67,33 @@ def finished(runs: Iterable[Run]) -> list[Run]:
     return [r for r in runs if r.get("status") in FINISHED]
 
 
+def score_knobs(score: str) -> tuple[str, ...]:
+    """The config fields that tell one variant of ``score`` from another: the registry's
+    default parameters of the score, plus ``scale`` when the score uses it (none for a name
+    the registry does not know)."""
+    try:
+        sc = get_score(score)
+    except (ValueError, KeyError, TypeError):
+        return ()
+    return (*sc.defaults, "scale") if sc.uses_scale else tuple(sc.defaults)
+
+
 def score_label(config: Mapping[str, Any]) -> str:
-    """A readable name for a config's scoring, e.g. ``cosine tau=10`` or ``cosine swin``."""
-    score = str(config.get("score", "?"))
-    if score == "cosine" and config.get("temperature") not in (None, "fixed"):
-        return f"cosine {config['temperature']}"
-    parts = [score]
-    for name in SCORE_PARAMS.get(score, ()):
-        value = config.get(name)
+    """A readable name for a config's scoring, e.g. ``cosine tau=10`` or ``cosine swin``:
+    the score's label (its name when it has none), a learned temperature mode, then every
+    knob of :func:`score_knobs` that the config sets."""
+    name = str(config.get("score", "?"))
+    try:
+        label = getattr(get_score(name), "label", None) or name
+    except (ValueError, KeyError, TypeError):
+        label = name
+    parts = [label]
+    if config.get("temperature") not in (None, "fixed"):
+        parts.append(str(config["temperature"]))
+    for knob in score_knobs(name):
+        value = config.get(knob)
         if value is not None:
-            parts.append(f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}")
+            parts.append(f"{knob}={value:g}" if isinstance(value, float) else f"{knob}={value}")
     return " ".join(parts)
 
 
@@ -108,10 +123,8 @@ def group_runs(
 # ------------------------------------------------------------------------------ statistics
 
 
-def mean_ci(values: Iterable[float], confidence: float = 0.95) -> MeanCI:
-    """Mean and Student-t confidence interval of ``values`` (non-finite values dropped)."""
-    from scipy import stats
-
+def mean_ci(values: Iterable[float | None], confidence: float = 0.95) -> MeanCI:
+    """Mean and Student-t confidence interval of ``values`` (None and non-finite dropped)."""
     xs = [float(v) for v in values if v is not None and math.isfinite(v)]
     if not xs:
         return MeanCI(math.nan, None, None, 0)
@@ -123,26 +136,41 @@ def mean_ci(values: Iterable[float], confidence: float = 0.95) -> MeanCI:
     return MeanCI(mean, mean - hw, mean + hw, len(xs))
 
 
+def metric_ci(runs: Iterable[Run], missing: float = 0.0, confidence: float = 0.95) -> MeanCI:
+    """Final metric mean ± CI over the finished runs; a run without one counts as ``missing``."""
+    values = [r.get("final_metric") for r in finished(runs)]
+    return mean_ci([missing if v is None else v for v in values], confidence)
+
+
 def initial_loss(run: Run) -> float | None:
-    """loss₀: the ``loss`` of the run's first history row, else the run's ``initial_loss``."""
+    """L₀: the ``loss`` of the run's first history row, else the run's ``initial_loss``."""
     history = run.get("history") or []
     loss = history[0].get("loss") if history else run.get("initial_loss")
     return float(loss) if loss is not None and math.isfinite(loss) else None
 
 
 def clipped_loss(run: Run, loss0: float) -> float:
-    """min(final loss, loss₀); loss₀ for a diverged run or one without a finite final loss."""
+    """min(L_T, L₀); L₀ for a diverged run or one without a finite final loss L_T."""
     loss = run.get("final_loss")
     if run.get("status") == "diverged" or loss is None or not math.isfinite(loss):
         return loss0
     return min(float(loss), loss0)
 
 
-def _loss0(runs: Sequence[Run]) -> float:
+def _mean_loss0(runs: Sequence[Run]) -> float:
     values = [v for v in (initial_loss(r) for r in runs) if v is not None]
     if not values:
-        raise ValueError("no run has a loss at initialization (no history, no initial_loss)")
+        raise ValueError("runs: no run has a loss at initialization (no history, no initial_loss)")
     return sum(values) / len(values)
+
+
+def _loss0s(runs: Sequence[Run]) -> list[float]:
+    """L₀ of each run, the group's mean L₀ for a run that recorded none."""
+    own = [initial_loss(r) for r in runs]
+    if all(v is not None for v in own):
+        return own  # type: ignore[return-value]
+    fallback = _mean_loss0(runs)
+    return [fallback if v is None else v for v in own]
 
 
 def _by_lr(runs: Iterable[Run]) -> dict[float, list[Run]]:
@@ -152,16 +180,21 @@ def _by_lr(runs: Iterable[Run]) -> dict[float, list[Run]]:
     return dict(sorted(out.items()))
 
 
-def loss_by_lr(runs: Sequence[Run]) -> dict[float, float]:
-    """Mean clipped loss over seeds at each learning rate, LRs ascending.
+def clipped_losses_by_lr(runs: Sequence[Run]) -> dict[float, list[float]]:
+    """Each finished run's clipped loss c(r), grouped by learning rate, LRs ascending."""
+    done = finished(runs)
+    loss0 = dict(zip(map(id, done), _loss0s(done), strict=True))
+    return {lr: [clipped_loss(r, loss0[id(r)]) for r in rs] for lr, rs in _by_lr(done).items()}
 
-    A run without history uses the group's mean loss₀.
-    """
-    group0 = _loss0(finished(runs))
-    out = {}
-    for lr, rs in _by_lr(runs).items():
-        out[lr] = sum(clipped_loss(r, initial_loss(r) or group0) for r in rs) / len(rs)
-    return out
+
+def loss_by_lr(runs: Sequence[Run]) -> dict[float, float]:
+    """loss(η): the mean clipped loss over seeds at each learning rate, LRs ascending."""
+    return {lr: sum(cs) / len(cs) for lr, cs in clipped_losses_by_lr(runs).items()}
+
+
+def loss_ci_by_lr(runs: Sequence[Run], confidence: float = 0.95) -> dict[float, MeanCI]:
+    """Clipped loss mean ± CI over seeds, at each learning rate."""
+    return {lr: mean_ci(cs, confidence) for lr, cs in clipped_losses_by_lr(runs).items()}
 
 
 def best_loss(runs: Sequence[Run]) -> tuple[float, float]:
@@ -171,6 +204,12 @@ def best_loss(runs: Sequence[Run]) -> tuple[float, float]:
     return curve[lr], lr
 
 
+def best_loss_ci(runs: Sequence[Run], confidence: float = 0.95) -> tuple[MeanCI, float]:
+    """(clipped loss mean ± CI over seeds at the best LR, the best LR)."""
+    _, lr = best_loss(runs)
+    return loss_ci_by_lr(runs, confidence)[lr], lr
+
+
 def lr_sensitivity(runs: Sequence[Run]) -> float:
     """Wortsman et al.'s LR sensitivity: mean over the LR grid of loss(η) − best loss."""
     curve = loss_by_lr(runs)
@@ -178,29 +217,17 @@ def lr_sensitivity(runs: Sequence[Run]) -> float:
     return sum(v - best for v in curve.values()) / len(curve)
 
 
-def lr_sensitivity_by_seed(runs: Sequence[Run]) -> list[float]:
-    """LR sensitivity computed separately for each seed (for a CI over seeds)."""
-    seeds: dict[Any, list[Run]] = defaultdict(list)
-    for run in finished(runs):
-        seeds[run["config"].get("seed")].append(run)
-    return [lr_sensitivity(rs) for _, rs in sorted(seeds.items(), key=lambda kv: str(kv[0]))]
-
-
 def stable_lrs(runs: Sequence[Run]) -> list[float]:
-    """LRs where no seed diverged and the mean clipped loss is below the mean loss₀."""
-    curve = loss_by_lr(runs)
+    """LRs where no seed diverged and loss(η) is below the seeds' mean L₀."""
+    done = finished(runs)
+    loss0 = dict(zip(map(id, done), _loss0s(done), strict=True))
+    curve = loss_by_lr(done)
     out = []
-    for lr, rs in _by_lr(runs).items():
-        loss0 = _loss0(rs) if any(initial_loss(r) is not None for r in rs) else _loss0(runs)
-        if not any(r["status"] == "diverged" for r in rs) and curve[lr] < loss0:
+    for lr, rs in _by_lr(done).items():
+        mean0 = sum(loss0[id(r)] for r in rs) / len(rs)
+        if not any(r["status"] == "diverged" for r in rs) and curve[lr] < mean0:
             out.append(lr)
     return out
-
-
-def stable_lr_range(runs: Sequence[Run]) -> tuple[float, float] | None:
-    """(smallest, largest) stable LR, or None when no LR is stable."""
-    lrs = stable_lrs(runs)
-    return (lrs[0], lrs[-1]) if lrs else None
 
 
 def divergence_rate(runs: Iterable[Run]) -> float | None:
@@ -214,24 +241,6 @@ def divergence_rate(runs: Iterable[Run]) -> float | None:
 def divergence_by_lr(runs: Sequence[Run]) -> dict[float, float]:
     """Divergence rate at each learning rate."""
     return {lr: divergence_rate(rs) or 0.0 for lr, rs in _by_lr(runs).items()}
-
-
-def metric_by_lr(runs: Sequence[Run], confidence: float = 0.95) -> dict[float, MeanCI]:
-    """Final metric mean ± CI over the seeds that did not diverge, at each learning rate."""
-    out = {}
-    for lr, rs in _by_lr(runs).items():
-        values = [r.get("final_metric") for r in rs if r["status"] == "done"]
-        out[lr] = mean_ci([v for v in values if v is not None], confidence)
-    return out
-
-
-def loss_ci_by_lr(runs: Sequence[Run], confidence: float = 0.95) -> dict[float, MeanCI]:
-    """Clipped loss mean ± CI over seeds, at each learning rate."""
-    group0 = _loss0(finished(runs))
-    return {
-        lr: mean_ci([clipped_loss(r, initial_loss(r) or group0) for r in rs], confidence)
-        for lr, rs in _by_lr(runs).items()
-    }
 
 
 # ------------------------------------------------------------------------------ max logits
@@ -270,87 +279,7 @@ def max_logit_curve(run: Run) -> list[tuple[int, float]]:
     return out
 
 
-def max_logit_curves(runs: Sequence[Run]) -> dict[float, list[tuple[int, float]]]:
-    """Per LR: the mean over seeds of the max-logit curve, at the steps every seed logged.
-
-    A diverged run's curve stops where its history stops, so late steps of a diverging LR
-    show the seeds that survived; use :func:`max_logit_curve` for single runs.
-    """
-    out = {}
-    for lr, rs in _by_lr(runs).items():
-        curves = [dict(max_logit_curve(r)) for r in rs]
-        curves = [c for c in curves if c]
-        if not curves:
-            continue
-        steps = sorted(set.intersection(*(set(c) for c in curves)))
-        out[lr] = [(s, sum(c[s] for c in curves) / len(curves)) for s in steps]
-    return out
-
-
-def layer_curves(run: Run, stat: str = "max_abs_logit") -> dict[int, list[tuple[int, float]]]:
-    """Per layer: (step, value) of a per-layer statistic from the rows' ``layers`` lists."""
-    out: dict[int, list[tuple[int, float]]] = {}
-    for row in run.get("history") or []:
-        for i, layer in enumerate(row.get("layers") or []):
-            value = layer.get(stat)
-            if value is not None and math.isfinite(value):
-                out.setdefault(i, []).append((int(row["step"]), float(value)))
-    return out
-
-
 def peak_max_logit(run: Run) -> float | None:
     """The largest max-logit value the run logged (None if it logged none)."""
     curve = max_logit_curve(run)
     return max(v for _, v in curve) if curve else None
-
-
-# ------------------------------------------------------------------------------ summary
-
-
-@dataclass
-class GroupSummary:
-    """The per-score numbers for one group of runs (one score × the other ``by`` fields)."""
-
-    key: tuple[Any, ...]
-    group: str
-    runs: int
-    lrs: list[float]
-    best_loss: float
-    best_lr: float
-    lr_sensitivity: float
-    lr_sensitivity_ci: MeanCI
-    stable_lrs: list[float]
-    stable_lr_range: tuple[float, float] | None
-    divergence_rate: float
-    best_lr_metric: MeanCI
-    max_logit: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly dict (MeanCI as dicts)."""
-        return asdict(self)
-
-
-def summarize_group(key: tuple[Any, ...], runs: Sequence[Run]) -> GroupSummary:
-    """Every per-score number for one group of finished runs."""
-    best, best_lr = best_loss(runs)
-    logits = [v for v in (peak_max_logit(r) for r in runs) if v is not None]
-    return GroupSummary(
-        key=key,
-        group=str(key[-1]),
-        runs=len(runs),
-        lrs=list(_by_lr(runs)),
-        best_loss=best,
-        best_lr=best_lr,
-        lr_sensitivity=lr_sensitivity(runs),
-        lr_sensitivity_ci=mean_ci(lr_sensitivity_by_seed(runs)),
-        stable_lrs=stable_lrs(runs),
-        stable_lr_range=stable_lr_range(runs),
-        divergence_rate=divergence_rate(runs) or 0.0,
-        best_lr_metric=metric_by_lr(runs)[best_lr],
-        max_logit=max(logits) if logits else None,
-    )
-
-
-def summarize(runs: Iterable[Run], by: Sequence[str] = ("task", "d_model")) -> list[GroupSummary]:
-    """One :class:`GroupSummary` per group of :func:`group_runs` (by config fields, then score)."""
-    return [summarize_group(k, rs) for k, rs in group_runs(runs, by).items()]

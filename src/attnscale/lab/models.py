@@ -2,8 +2,8 @@
 
 A pre-LN Transformer (decoder by default, encoder with ``causal=False``), written to read like
 nanoGPT's ``model.py``: one plain file, shape comments, GPT-2's initialization. The attention is
-:class:`attnscale.core.nn.MultiheadSelfAttention`, so every registered score works, with its learnable
-parameters (cosine temperature, QK-norm weights, log-length ``s``).
+:class:`attnscale.core.nn.MultiheadSelfAttention`, so every registered score works, with its
+learnable parameters (cosine temperature, QK-norm weights, log-length ``s``).
 
 Block (pre-LN, no biases, as Wortsman et al. 2023 use)::
 
@@ -51,10 +51,10 @@ from torch import Tensor, nn
 
 from attnscale.core.nn import MultiheadSelfAttention
 from attnscale.core.scores import get_score
+from attnscale.util.validate import check_choice, check_float, check_int
 
 POS = ("learned", "rope", "none")
 INITS = ("gpt2", "mup")
-NORMALIZES_Q = ("cosine", "qk_layernorm", "qk_rmsnorm")  # scores that see only q's direction
 
 
 @dataclass
@@ -91,15 +91,10 @@ class GPTConfig:
     def __post_init__(self) -> None:
         get_score(self.score)
         for name in ("vocab_size", "seq_len", "d_model", "n_layers", "mlp_ratio", "mup_base_width"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.pos not in POS:
-            raise ValueError(f"pos must be one of {list(POS)}, got {self.pos!r}")
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {list(INITS)}, got {self.init!r}")
-        if not (self.init_std > 0 and math.isfinite(self.init_std)):
-            raise ValueError(f"init_std must be > 0, got {self.init_std!r}")
+            check_int(name, getattr(self, name))
+        check_choice("pos", self.pos, POS)
+        check_choice("init", self.init, INITS)
+        check_float("init_std", self.init_std, low=0.0)
 
 
 class MLP(nn.Module):
@@ -132,7 +127,7 @@ class Block(nn.Module):
             bias=config.bias,
             dropout=config.dropout,
             temperature=config.temperature,
-            qknorm_length=config.seq_len if config.temperature == "qknorm" else None,
+            seq_len=config.seq_len,
             rotary=config.pos == "rope",
             rope_base=config.rope_base,
             **config.score_params,
@@ -187,7 +182,7 @@ class GPT(nn.Module):
         if not c.tie_embeddings:
             readout = nn.init.zeros_ if c.init == "mup" else self._normal_init
             readout(self.lm_head.weight)
-        if c.init == "mup" and c.score not in NORMALIZES_Q:
+        if c.init == "mup" and not get_score(c.score).normalizes_q:
             for block in self.blocks:
                 nn.init.zeros_(block.attn.q_proj.weight)
 

@@ -12,25 +12,35 @@ Tables:
 ``metrics``
     The time series of each run: one row per history entry (``run_id``, ``idx``, ``step``,
     ``loss``, and the whole entry as JSON in ``data``).
+``measurements``
+    Results that need no training (theory grids, benchmarks, model inspections): ``key`` ->
+    JSON ``value``, with the ``kind`` and ``params`` that produced it, ``created`` (Unix
+    seconds), ``versions`` (JSON) and ``git_rev``.
 
 A run's results are written in one transaction: its metrics rows and its final status appear
 together or not at all, so a sweep killed at any moment leaves either a finished run with its
 full history or an unfinished run (queued/running) with no metrics. Every connection sets a
 busy timeout, so several processes may write to the same file. ``synchronous = NORMAL``: a
 killed process loses nothing that was committed; a power cut may lose the last commits, but
-never leaves a half-written run.
+never leaves a half-written run. Non-finite floats are stored as NULL (JSON ``null``).
+
+Opening a path that is a directory, a file that is not a SQLite database, or a path whose
+folder cannot be created or written raises ``ValueError`` naming ``db``.
 """
 
 from __future__ import annotations
 
+import csv
 import json
-import math
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from attnscale.util.jsonio import dumps, jsonable
+from attnscale.util.provenance import git_revision, versions
 
 STATUSES = ("queued", "running", "done", "diverged", "failed")
 FINISHED = ("done", "diverged")
@@ -67,32 +77,31 @@ CREATE TABLE IF NOT EXISTS metrics (
     data TEXT NOT NULL,
     PRIMARY KEY (run_id, idx)
 );
+CREATE TABLE IF NOT EXISTS measurements (key TEXT PRIMARY KEY, kind TEXT, params TEXT,
+    value TEXT, created REAL, versions TEXT, git_rev TEXT);
 """
 
 _JSON_COLUMNS = ("config", "versions", "final_metrics")
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+# SQLite's messages for a path it cannot use -> what to tell the caller.
+_OPEN_ERRORS = {
+    "file is not a database": "is not a SQLite database",
+    "unable to open database file": "cannot be opened or created (folder missing or read-only)",
+    "readonly database": "is not writable",
+}
 
 
-def _finite(x: Any) -> float | None:
-    """A float for SQL REAL columns; NaN and ±inf become NULL (JSON has no NaN)."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
+def _json(obj: Any) -> str:
+    """Strict JSON text for a TEXT column: sorted keys, NaN/inf as null, unknown types as str."""
+    return dumps(obj, sort_keys=True, default=str)
 
 
-def _dumps(obj: Any) -> str:
-    """JSON text with non-finite floats written as null, so every reader can parse it."""
-    return json.dumps(_clean(obj), sort_keys=True, default=str)
-
-
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Mapping):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
+def _open_error(path: str, error: sqlite3.DatabaseError) -> ValueError | None:
+    for message, meaning in _OPEN_ERRORS.items():
+        if message in str(error):
+            return ValueError(f"db: {path} {meaning}")
+    return None
 
 
 class Store:
@@ -108,9 +117,16 @@ class Store:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            _check_path(Path(self.path))
         self.conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         self.conn.row_factory = sqlite3.Row
+        try:
+            self._set_up()
+        except sqlite3.DatabaseError as e:
+            self.conn.close()
+            raise (_open_error(self.path, e) or e) from None
+
+    def _set_up(self) -> None:
         self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         if self.path != ":memory:":
             self.conn.execute("PRAGMA journal_mode = WAL")
@@ -153,7 +169,7 @@ class Store:
         Points already in the store are left alone. Returns how many rows were added.
         """
         now = time.time()
-        rows = [(p["id"], sweep, p.get("variant"), _dumps(p["config"]), now) for p in points]
+        rows = [(p["id"], sweep, p.get("variant"), _json(p["config"]), now) for p in points]
         with self.transaction() as c:
             before = c.total_changes
             c.executemany(
@@ -198,7 +214,7 @@ class Store:
             return
         history = list(result.get("history") or [])
         rows = [
-            (run_id, i, h.get("step"), _finite(h.get("loss")), _dumps(h))
+            (run_id, i, h.get("step"), jsonable(h.get("loss")), _json(h))
             for i, h in enumerate(history)
         ]
         with self.transaction() as c:
@@ -214,15 +230,15 @@ class Store:
                 (
                     status,
                     time.time(),
-                    _finite(result.get("elapsed_s")),
-                    _dumps(result.get("versions") or {}),
+                    jsonable(result.get("elapsed_s")),
+                    _json(result.get("versions") or {}),
                     result.get("git_rev"),
-                    _finite(result.get("initial_loss")),
-                    _finite(result.get("final_loss")),
-                    _finite(result.get("final_metric")),
+                    jsonable(result.get("initial_loss")),
+                    jsonable(result.get("final_loss")),
+                    jsonable(result.get("final_metric")),
                     result.get("diverged_step"),
                     result.get("steps"),
-                    _dumps(result.get("final_metrics") or {}),
+                    _json(result.get("final_metrics") or {}),
                     run_id,
                 ),
             )
@@ -236,7 +252,29 @@ class Store:
                 (error, time.time(), run_id),
             )
 
+    def put_measurement(
+        self, key: str, value: Any, kind: str | None = None, params: Mapping[str, Any] | None = None
+    ) -> Any:
+        """Store ``value`` (made JSON-ready: NaN/inf -> null) under ``key`` with its provenance,
+        replacing any earlier value; returns the stored value as :meth:`get_measurement` will."""
+        stored = jsonable(value)
+        with self.transaction() as c:
+            c.execute(
+                "INSERT OR REPLACE INTO measurements "
+                "(key, kind, params, value, created, versions, git_rev) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (key, kind, _json(params or {}), _json(stored), time.time(),
+                 _json(versions()), git_revision()),
+            )  # fmt: skip
+        return stored
+
     # ---------------------------------------------------------------- reading
+
+    def get_measurement(self, key: str) -> Any | None:
+        """The value stored under ``key`` by :meth:`put_measurement`, or None."""
+        row = self.conn.execute("SELECT value FROM measurements WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row["value"])
+
 
     def get(self, run_id: str, history: bool = False) -> dict[str, Any] | None:
         """One run as a dict (see :meth:`runs`), or None."""
@@ -326,6 +364,21 @@ class Store:
         return self.conn.execute("PRAGMA integrity_check").fetchone()[0]
 
 
+def _check_path(path: Path) -> None:
+    """``path`` can hold a database: not a directory, not a non-empty file without SQLite's
+    header (SQLite would overwrite a very short one), in a folder that exists or can be made."""
+    if path.is_dir():
+        raise ValueError(f"db: {path} is a directory, not a SQLite database file")
+    if path.is_file() and path.stat().st_size > 0:
+        with path.open("rb") as f:
+            if f.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
+                raise ValueError(f"db: {path} is not a SQLite database")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"db: cannot create the folder of {path} ({e.strerror})") from None
+
+
 def _run_dict(row: sqlite3.Row) -> dict[str, Any]:
     run = dict(row)
     for key in _JSON_COLUMNS:
@@ -336,19 +389,9 @@ def _run_dict(row: sqlite3.Row) -> dict[str, Any]:
 # ---------------------------------------------------------------- export
 
 SUMMARY_COLUMNS = (
-    "id",
-    "sweep",
-    "variant",
-    "status",
-    "initial_loss",
-    "final_loss",
-    "final_metric",
-    "diverged_step",
-    "steps",
-    "elapsed_s",
-    "git_rev",
-    "error",
-)
+    "id", "sweep", "variant", "status", "initial_loss", "final_loss", "final_metric",
+    "diverged_step", "steps", "elapsed_s", "git_rev", "error",
+)  # fmt: skip
 
 
 def flat_row(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -367,8 +410,6 @@ def flat_row(run: Mapping[str, Any]) -> dict[str, Any]:
 
 def write_csv(runs: Iterable[Mapping[str, Any]], path: str | Path) -> int:
     """Write runs as CSV (see :func:`flat_row`); returns the number of rows."""
-    import csv
-
     rows = [flat_row(r) for r in runs]
     columns = _columns(rows)
     with open(path, "w", newline="", encoding="utf-8") as f:
@@ -383,7 +424,7 @@ def write_parquet(runs: Iterable[Mapping[str, Any]], path: str | Path) -> int:
     rows = [flat_row(r) for r in runs]
     columns = _columns(rows)
     table = {c: [r.get(c) for r in rows] for c in columns}
-    try:
+    try:  # optional dependencies, imported only when Parquet is asked for
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:

@@ -33,225 +33,61 @@ clipping at 1, independent weight decay 1e-4, optional z-loss, linear warmup the
   metrics. ``threads`` (default 1) sets torch's intra-op threads during the run: on a busy
   machine small multi-threaded ops are much slower than single-threaded ones.
 
-The defaults are the MQAR quick config (see :class:`TrainConfig`).
+The defaults are the MQAR quick config (see :class:`attnscale.lab.config.TrainConfig`).
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import Tensor, nn
 
-from attnscale.util import provenance
-from attnscale.lab.models import GPT, GPTConfig
 from attnscale.core.nn import MultiheadSelfAttention
-from attnscale.core.scores import SCORES, get_score
-from attnscale.lab.tasks import IGNORE_INDEX, TASKS, Batch, Task, make_task
+from attnscale.lab.config import (
+    SCORE_PARAMS,
+    TASK_DEFAULTS,
+    TASK_OPTIONS,
+    TrainConfig,
+    accepted_score_params,
+    model_defaults,
+)
+from attnscale.lab.models import GPT, GPTConfig
+from attnscale.lab.tasks import IGNORE_INDEX, Batch, Task, make_task
+from attnscale.measure.monitor import Monitor
+from attnscale.util import provenance
+from attnscale.util.jsonio import jsonable
 
-SCORE_PARAMS = ("tau", "cap", "c", "s", "eps", "scale")
-TASK_OPTIONS = (
-    "vocab_size", "num_kv_pairs", "power_a", "num_items", "num_item_tokens", "num_values",
-    "salient_scale", "jitter", "cue", "layout", "num_pairs", "num_keys", "num_fillers",
-    "eval_multipliers", "eval_size", "eval_batch_size", "eval_windows",
-)  # fmt: skip
-# Per-task values for fields left at None: the MQAR quick config. Zoology's vocabulary of 8192
-# would make the readout dominate a small CPU model; (seq 64, 4 pairs) is the first point of the
-# Zoology sweep; its MQAR models are attention-only (state mixer = identity), and here, too, an
-# MLP delays the jump out of the chance plateau by thousands of steps.
-TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "mqar": {"vocab_size": 256, "num_kv_pairs": 4, "mlp": False},
-}
+__all__ = [
+    "DIVERGENCE_GRACE_STEPS",
+    "LAYER_STATS",
+    "SCORE_PARAMS",
+    "TASK_DEFAULTS",
+    "TASK_OPTIONS",
+    "RunResult",
+    "TrainConfig",
+    "Trainer",
+    "accepted_score_params",
+    "build_model",
+    "build_optimizer",
+    "build_task",
+    "evaluate",
+    "lr_at",
+    "model_defaults",
+    "run",
+]
+
 DIVERGENCE_GRACE_STEPS = 10
 LAYER_STATS = ("max_abs_logit", "entropy", "entropy_normalized", "max_weight", "logsumexp")
 
 Progress = Callable[[int, float], None]  # (steps done, training loss of the last step)
-
-
-class TrainConfig(BaseModel):
-    """Everything a run depends on. Unknown keys are an error; ``TrainConfig(**d)`` round-trips
-    ``model_dump()``.
-
-    Defaults are the MQAR quick config (with :data:`TASK_DEFAULTS`): sequence 64, 4 key-value
-    pairs, vocabulary 256; a 2-layer, attention-only, d_model 128 model with one head (d_k = 128)
-    and 1/√d_k attention, as Zoology's MQAR configs (lr 1e-3 is also Zoology's); AdamW lr 1e-3,
-    batch 64, 100 warmup steps, 2000 steps. With it ``scaled_dot`` reaches >= 99% eval accuracy
-    in a few single-thread CPU minutes. The accuracy stays at chance (1/4) on a plateau for a
-    seed-dependent 200-1300 steps, then jumps; with an MLP in the blocks, 2 heads (d_k = 64) or
-    lr 1e-2 the plateau outlasted 1500-5000 steps in our trials.
-    Score parameters and task options left at None take the score's / task's defaults.
-    """
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    # -- task ---------------------------------------------------------------------------------
-    task: Literal["mqar", "text", "salience", "length"] = Field(
-        "mqar", description="Task (attnscale.lab.tasks)."
-    )
-    seq_len: int | None = Field(None, ge=2, description="Training sequence length (task default).")
-    text: str | None = Field(None, description="UTF-8 text file for task 'text' (default corpus).")
-    vocab_size: int | None = Field(None, description="mqar vocabulary (256; Zoology uses 8192).")
-    num_kv_pairs: int | None = Field(None, description="mqar key-value pairs (8).")
-    power_a: float | None = Field(None, description="mqar query-gap power law (0.01).")
-    num_items: int | None = Field(None, description="salience items per sequence (8).")
-    num_item_tokens: int | None = Field(None, description="salience item vocabulary (64).")
-    num_values: int | None = Field(None, description="salience/length value vocabulary (64).")
-    salient_scale: float | None = Field(None, description="salience embedding scale (3.0).")
-    jitter: float | None = Field(None, description="salience scale jitter (0.1).")
-    cue: str | None = Field(None, description="salience cue: scale, token or none.")
-    layout: str | None = Field(None, description="salience layout: pairs or items.")
-    num_pairs: int | None = Field(None, description="length key-value pairs (4).")
-    num_keys: int | None = Field(None, description="length key vocabulary (64).")
-    num_fillers: int | None = Field(None, description="length filler vocabulary (128).")
-    eval_multipliers: list[int] | None = Field(None, description="length eval lengths / n.")
-    eval_size: int | None = Field(None, description="Eval sequences (task default).")
-    eval_batch_size: int | None = Field(None, description="Eval batch size (task default).")
-    eval_windows: int | None = Field(None, description="text eval windows (32).")
-
-    # -- attention score ----------------------------------------------------------------------
-    score: str = Field("scaled_dot", description="Attention score (attnscale.SCORES).")
-    tau: float | None = Field(None, gt=0, description="cosine temperature τ (1).")
-    cap: float | None = Field(None, gt=0, description="softcap cap (50).")
-    c: float | None = Field(None, gt=0, description="mup constant c in q·k·c/d (8).")
-    s: float | None = Field(None, gt=0, description="log_length initial s (1).")
-    eps: float | None = Field(None, gt=0, description="Normalization eps of the score.")
-    scale: float | None = Field(None, description="Logit scale replacing 1/√d.")
-    temperature: Literal["fixed", "swin", "qknorm"] = Field(
-        "fixed", description="cosine temperature: fixed (τ), swin or qknorm (learned)."
-    )
-
-    # -- model --------------------------------------------------------------------------------
-    d_model: int = Field(128, ge=1, description="Model width.")
-    n_heads: int = Field(1, ge=1, description="Query heads.")
-    n_kv_heads: int | None = Field(None, ge=1, description="Key/value heads (GQA; n_heads).")
-    n_layers: int = Field(2, ge=1, description="Transformer blocks.")
-    pos: Literal["learned", "rope", "none"] = Field("learned", description="Positions.")
-    init_std: float = Field(0.02, gt=0, description="Weight init std (GPT-2: 0.02).")
-    init: Literal["gpt2", "mup"] = Field("gpt2", description="Initialization: gpt2 or mup.")
-    tie_embeddings: bool = Field(True, description="Share input embedding and readout.")
-    mlp: bool | None = Field(
-        None, description="MLP in every block (None: off for mqar, on otherwise)."
-    )
-
-    # -- optimization -------------------------------------------------------------------------
-    lr: float = Field(1e-3, gt=0, description="Peak learning rate.")
-    steps: int = Field(2000, ge=1, description="Optimizer steps.")
-    warmup_steps: int = Field(100, ge=0, description="Linear warmup steps.")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine floor / peak lr.")
-    batch_size: int = Field(64, ge=1, description="Sequences per step.")
-    weight_decay: float = Field(1e-4, ge=0, description="Independent weight decay λ.")
-    beta1: float = Field(0.9, ge=0, lt=1, description="Adam β1.")
-    beta2: float = Field(0.95, ge=0, lt=1, description="Adam β2.")
-    adam_eps: float = Field(1e-8, gt=0, description="Adam ε.")
-    grad_clip: float = Field(1.0, ge=0, description="Gradient-norm clip (0 = off).")
-    z_loss: float = Field(0.0, ge=0, description="z-loss coefficient (0 = off; 1e-4 Wortsman).")
-    seed: int = Field(0, ge=0, description="Seed of the initialization and the data.")
-
-    # -- logging and control ------------------------------------------------------------------
-    log_every: int = Field(25, ge=1, description="Steps between history rows.")
-    eval_every: int | None = Field(None, ge=1, description="Steps between evals (end only).")
-    divergence_factor: float = Field(3.0, gt=1, description="Diverged if loss > this × loss₀.")
-    threads: int = Field(1, ge=1, description="torch intra-op threads during the run.")
-    stats: bool = Field(True, description="Log attention statistics in history rows.")
-    stats_batch: int = Field(16, ge=1, description="Sequences of the batch the statistics use.")
-
-    @field_validator("score")
-    @classmethod
-    def _known_score(cls, value: str) -> str:
-        if value not in SCORES:
-            raise ValueError(f"score must be one of {sorted(SCORES)}, got {value!r}")
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> TrainConfig:
-        self._check_sizes()
-        self._check_score_params()
-        self._check_task_options()
-        if self.warmup_steps > self.steps:
-            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be <= steps ({self.steps})")
-        return self
-
-    def _check_sizes(self) -> None:
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
-            )
-        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
-            )
-        if self.pos == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ValueError("pos='rope' needs an even head dimension d_model/n_heads")
-
-    def _check_score_params(self) -> None:
-        accepted = accepted_score_params(self.score)
-        for name in SCORE_PARAMS:
-            if getattr(self, name) is not None and name not in accepted:
-                raise ValueError(
-                    f"{name} is not a parameter of score {self.score!r} "
-                    f"(it accepts: {', '.join(accepted) or 'none'})"
-                )
-        if self.temperature != "fixed":
-            if self.score != "cosine":
-                raise ValueError(f"temperature={self.temperature!r} needs score='cosine'")
-            if self.tau is not None:
-                raise ValueError(f"tau is learned under temperature={self.temperature!r}; omit it")
-
-    def _check_task_options(self) -> None:
-        accepted = inspect.signature(TASKS[self.task].__init__).parameters
-        for name in TASK_OPTIONS:
-            if getattr(self, name) is not None and name not in accepted:
-                raise ValueError(f"{name} is not an option of task {self.task!r}")
-        if self.text is not None:
-            if self.task != "text":
-                raise ValueError(f"text is only for task 'text', not {self.task!r}")
-            if not Path(self.text).is_file():
-                raise ValueError(f"text: file {self.text!r} does not exist")
-        if self.task == "length" and self.pos == "learned":
-            raise ValueError(
-                "pos='learned' cannot reach the length task's longer eval sequences; "
-                "use pos='rope' or pos='none'"
-            )
-
-    @property
-    def use_mlp(self) -> bool:
-        """``mlp``, or the task's default when it is None."""
-        if self.mlp is not None:
-            return self.mlp
-        return TASK_DEFAULTS.get(self.task, {}).get("mlp", True)
-
-    def score_params(self) -> dict[str, float]:
-        """The score parameters that were set, for :class:`attnscale.lab.models.GPTConfig`."""
-        return {n: getattr(self, n) for n in SCORE_PARAMS if getattr(self, n) is not None}
-
-    def task_options(self) -> dict[str, Any]:
-        """Options for :func:`attnscale.lab.tasks.make_task`: the set ones over the CPU defaults."""
-        accepted = inspect.signature(TASKS[self.task].__init__).parameters
-        defaults = TASK_DEFAULTS.get(self.task, {})
-        options = {k: v for k, v in defaults.items() if k in accepted}
-        options.update({n: getattr(self, n) for n in TASK_OPTIONS if getattr(self, n) is not None})
-        if "eval_multipliers" in options:
-            options["eval_multipliers"] = tuple(options["eval_multipliers"])
-        if self.text is not None:
-            options["path"] = self.text
-        return options
-
-
-def accepted_score_params(score: str) -> list[str]:
-    """Names among tau, cap, c, s, eps, scale that ``score`` takes."""
-    sc = get_score(score)
-    names = [n for n in SCORE_PARAMS if n in sc.defaults]
-    return [*names, "scale"] if sc.uses_scale else names
 
 
 @dataclass
@@ -288,19 +124,6 @@ class RunResult:
         return jsonable(asdict(self))
 
 
-def jsonable(obj: Any) -> Any:
-    """Recursively turn numpy scalars and tuples into Python data and NaN/inf into None."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, (np.floating, float)):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
-
-
 # --------------------------------------------------------------------------------------------
 # Building blocks
 # --------------------------------------------------------------------------------------------
@@ -323,7 +146,7 @@ def build_model(config: TrainConfig, task: Task) -> GPT:
             n_kv_heads=config.n_kv_heads,
             n_layers=config.n_layers,
             score=config.score,
-            score_params=config.score_params(),
+            score_params=config.score_kwargs(),
             temperature=config.temperature,
             pos=config.pos,
             causal=task.causal,
@@ -397,12 +220,10 @@ def num_threads(n: int) -> Iterator[None]:
 def attention_rows(model: nn.Module, batch: Batch) -> list[dict[str, float | None]]:
     """Per-layer attention statistics of ``batch`` from one no-grad forward.
 
-    The statistics come from :class:`attnscale.measure.monitor.Monitor` (the pre-softmax scores after
-    scaling and masking, and their softmax pattern); the q/k RMS from each
+    The statistics come from :class:`attnscale.measure.monitor.Monitor` (the pre-softmax scores
+    after scaling and masking, and their softmax pattern); the q/k RMS from each
     :class:`MultiheadSelfAttention`'s ``capture`` hook, which the monitor chains to.
     """
-    from attnscale.measure.monitor import Monitor  # the monitor imports nn; keep train's import light
-
     modules = {n: m for n, m in model.named_modules() if isinstance(m, MultiheadSelfAttention)}
     if not modules:
         return []
@@ -432,16 +253,15 @@ def head(batch: Batch, n: int) -> Batch:
 
 def layer_row(module: MultiheadSelfAttention, q_rms: float, k_rms: float, means: dict) -> dict:
     """One layer's history row: the monitor's means (None where not finite), q/k RMS, and the
-    learned temperature or s."""
+    mean of each learned scalar or per-head score parameter (a learned τ, s)."""
     row: dict[str, float | None] = {"q_rms": q_rms, "k_rms": k_rms}
     finite = math.isfinite(q_rms) and math.isfinite(k_rms)
     for name in LAYER_STATS:
         value = means.get(name)
         row[name] = value if finite and value is not None and math.isfinite(value) else None
-    if module.temperature != "fixed":
-        row["tau"] = float(torch.as_tensor(module.tau()).detach().float().mean())
-    if hasattr(module, "s"):
-        row["s"] = float(module.s.detach().float().mean())
+    for name, value in module.learned_params().items():
+        if value.dim() <= 1:  # per-head weights over the head dimension are not logged
+            row[name] = float(value.detach().float().mean())
     return row
 
 

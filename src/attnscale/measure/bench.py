@@ -29,20 +29,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnscale.core.attention import materialized_attention
+from attnscale.core.attention import attention, materialized_attention
 from attnscale.core.scores import SCORES, get_score, resolve_params
 
-# Each score at the parameters practice uses (ANCHORS.md), so the numbers mean something.
-BENCH_PARAMS: dict[str, dict[str, float]] = {
-    "scaled_dot": {},
-    "dot": {},
-    "mup": {"c": 8.0},
-    "cosine": {"tau": 10.0},
-    "qk_layernorm": {},
-    "qk_rmsnorm": {},
-    "softcap": {"cap": 50.0},
-    "log_length": {"s": 1.0},
-}
+
+def bench_params(score: str) -> dict[str, float]:
+    """The parameters a score is timed at, over its defaults: ``Score.bench_params``, the values
+    practice uses (e.g. cosine τ = 10), so the numbers mean something."""
+    return dict(get_score(score).bench_params)
 
 
 @dataclass
@@ -135,7 +129,7 @@ def _bench_one(score, inputs, causal, repeats, naive, peak) -> tuple[BenchRow, t
     """One row of timings, and the (ours, naive) forward+backward calls for the memory pass."""
     q, k, v = inputs
     b, h, n, d = q.shape
-    params = BENCH_PARAMS.get(score, {})
+    params = bench_params(score)
     ours = _calls(lambda: _attention(q, k, v, causal, score, params), inputs)
     sdpa = _calls(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), inputs)
     times = _interleaved({"ours": ours, "sdpa": sdpa}, repeats)
@@ -170,8 +164,6 @@ def _bench_one(score, inputs, causal, repeats, naive, peak) -> tuple[BenchRow, t
 
 
 def _attention(q, k, v, causal, score, params):
-    from attnscale.core.attention import attention
-
     return attention(q, k, v, is_causal=causal, score=score, **params)
 
 

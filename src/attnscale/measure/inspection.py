@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+
+from attnscale.measure.monitor import Monitor
 
 MINILM = "minilm"
 DEFAULT_SENTENCES = 64
@@ -96,10 +99,6 @@ def inspect_model(
     [{"head", "logit_std", "max_abs_logit", "entropy", "entropy_uniform", "max_weight",
     "effective_keys", "entropy_unscaled", "entropy_cosine_tau1"}]}]}.
     """
-    import torch
-
-    from attnscale.measure.monitor import Monitor
-
     path = resolve_model_dir(model)
     sentences = default_sentences() if sentences is None else sentences
     if not sentences:

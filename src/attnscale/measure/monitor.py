@@ -27,8 +27,9 @@ Sources, and what happens to the model's output:
     ``F.scaled_dot_product_attention`` is answered by :meth:`Monitor.sdpa`, so the statistics
     are of SDPA's real arguments. By default SDPA itself runs (bitwise unchanged) and the
     logits are computed a second time for the statistics. With ``compile=True`` one pass gives
-    both the output and the statistics: attnscale's native kernel (:mod:`attnscale.measure.native`,
-    float32 on x86), else the ``torch.compile``-d :func:`attnscale.measure.stats.attention_with_sums`.
+    both the output and the statistics: attnscale's native kernel
+    (:mod:`attnscale.measure.native`, float32 on x86), else the ``torch.compile``-d
+    :func:`attnscale.measure.rowstats.attention_with_sums`.
     The output then equals SDPA's to float rounding (tests hold it within 1e-6; the native
     kernel follows SDPA's CPU kernel step by step and matched it bitwise on MiniLM).
 
@@ -49,15 +50,10 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-from attnscale.measure import native
 from attnscale.core.nn import MultiheadSelfAttention
-from attnscale.measure.stats import (
-    AttentionStats,
-    StatsAccumulator,
-    _query_mask,
-    attention_with_sums,
-    maybe_compiled,
-)
+from attnscale.measure import native
+from attnscale.measure.rowstats import attention_with_sums, maybe_compiled
+from attnscale.measure.stats import AttentionStats, StatsAccumulator, check_query_mask
 
 COUNTERFACTUALS: dict[str, dict[str, Any]] = {
     "dot": {"score": "dot"},
@@ -194,7 +190,7 @@ class Monitor:
         b, n = query.shape[0], query.shape[2]
         if not _fits(self.query_mask, query):
             return torch.ones(b, n, dtype=torch.bool, device=query.device)
-        return _query_mask(self.query_mask, b, n).to(query.device)
+        return check_query_mask(self.query_mask, b, n).to(query.device)
 
     def _sampled(self, module: nn.Module) -> str | None:
         """The layer name if this call of ``module`` is one to record (every ``every``-th)."""
@@ -313,7 +309,7 @@ def _attend_and_measure(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, is
                         scale: float, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """SDPA's output and the statistics of its logits in one pass: attnscale's native kernel
     for float32 on an x86 CPU (:mod:`attnscale.measure.native`), else the ``torch.compile``-d Python
-    version, :func:`attnscale.measure.stats.attention_with_sums`. ``rows`` (B, N) bool."""
+    version, :func:`attnscale.measure.rowstats.attention_with_sums`. ``rows`` (B, N) bool."""
     kernel = native.fused_kernel() if q.device.type == "cpu" and q.dtype == torch.float32 else None
     if kernel is not None:
         return kernel(q, k, v, keep, is_causal, scale, rows)

@@ -1,4 +1,4 @@
-"""Monte Carlo estimates of the softmax statistics that :mod:`attnscale.measure.theory` computes exactly.
+"""Monte Carlo estimates of the softmax statistics :mod:`attnscale.measure.theory` computes exactly.
 
 Everything is seeded (``numpy.random.Generator`` from ``seed``), vectorised and chunked so that
 no array holds more than ~1M logits. Each quantity comes back as an :class:`Estimate`
@@ -6,23 +6,30 @@ no array holds more than ~1M logits. Each quantity comes back as an :class:`Esti
 sample std / √samples; quantities that are smooth functions of a mean use the delta method:
 
 * effective_keys = 1/mean(Σp²),           SE = SE(Σp²)/mean(Σp²)²;
-* jacobian_norm  = √mean(‖J‖_F²),          SE = SE(‖J‖_F²)/(2·jacobian_norm);
+* rms_jacobian_norm = √mean(‖J‖_F²),       SE = SE(‖J‖_F²)/(2·rms_jacobian_norm);
 * logit_std      = √mean(ℓ²) (per sample, the mean of ℓ² over its n keys), same rule.
 
 These are exactly the quantities the theory defines (1/E Σp², √E‖J‖², √E ℓ²).
+
+Scores with random q, k ~ N(0, I_d) are sampled two ways: ``"vectors"`` draws q and k and
+scores them with the registry's own reference formula (every registered score), and
+``"rotation"`` draws the same joint law at O(n) per query from the score's theory hook
+(``dot_factor`` or ``cosine_law`` in d dims, see :class:`attnscale.core.scores.Score`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 
+from attnscale.core.scores import SCORES, Context, Score, get_score, resolve_params
 from attnscale.measure import theory
+from attnscale.util.validate import check_choice, check_float, check_int
 
 __all__ = [
-    "MC_SCORES",
     "TABLE_DS",
     "TABLE_NS",
     "TABLE_QUANTITIES",
@@ -31,6 +38,7 @@ __all__ = [
     "mc_init_logit_std",
     "mc_logit_variance",
     "mc_score_stats",
+    "mc_scores",
     "mc_softmax_stats",
     "softmax_sample_stats",
     "theory_table",
@@ -103,7 +111,7 @@ def _summarise(per_sample: np.ndarray) -> dict[str, Estimate]:
         "max_weight": Estimate(*map(float, m["max_weight"])),
         "participation": Estimate(float(y_mean), float(y_se)),
         "effective_keys": Estimate(float(1.0 / y_mean), float(y_se / y_mean**2)),
-        "jacobian_norm": root("jacobian_sq"),
+        "rms_jacobian_norm": root("jacobian_sq"),
         "logit_std": root("logit_sq"),
     }
 
@@ -115,12 +123,12 @@ def _rows_per_chunk(n: int) -> int:
 def mc_softmax_stats(n: int, s: float, samples: int = 4000, seed: int = 0) -> dict[str, Estimate]:
     """Monte Carlo over ``samples`` draws of n i.i.d. N(0, s²) logits (the REM softmax).
 
-    Keys: entropy, max_weight, participation, effective_keys, jacobian_norm, logit_std — the
-    same definitions as :func:`attnscale.measure.theory.expected_entropy` and friends.
+    Keys: entropy, max_weight, participation, effective_keys, rms_jacobian_norm, logit_std —
+    the same definitions as :func:`attnscale.measure.theory.expected_entropy` and friends.
     """
-    n = int(theory._integer("n", n, 1))
-    s = float(theory._nonneg("s", s))
-    samples = int(theory._integer("samples", samples, 2))
+    n = check_int("n", n)
+    s = check_float("s", s, low=0.0, low_inclusive=True)
+    samples = check_int("samples", samples, 2)
     rng = np.random.default_rng(seed)
     parts = []
     for start in range(0, samples, _rows_per_chunk(n)):
@@ -133,53 +141,23 @@ def mc_softmax_stats(n: int, s: float, samples: int = 4000, seed: int = 0) -> di
 # Scores with random q, k ~ N(0, I_d)
 # --------------------------------------------------------------------------------------------
 
-MC_SCORES = (*theory.STAT_SCORES, "softcap")
-
 
 def vector_logits(
-    q: np.ndarray,
-    k: np.ndarray,
-    score: str,
-    *,
-    tau: float = 1.0,
-    mup_c: float = theory.MUP_C,
-    log_scale: float = 1.0,
-    cap: float = 50.0,
-    qk_scale: float | None = None,
+    q: np.ndarray, k: np.ndarray, score: str | Score, *, n: int | None = None, **params: Any
 ) -> np.ndarray:
     """Logits of queries q (B, d) against keys k (B, n, d) for one score, shape (B, n).
 
-    dot q·k; scaled_dot q·k/√d (Vaswani et al. 2017); mup c·q·k/d (Yang et al. 2022);
-    log_length s·ln(n)·q·k/√d (Nakanishi 2025); cosine τ·cos; qk_rmsnorm RMS(q)·RMS(k)·scale
-    (scale 1/√d by default); qk_layernorm LN(q)·LN(k)/√d (no affine, no ε);
-    softcap c·tanh(q·k/√d/c) (Gemma Team 2024).
+    The score's reference ``formula`` in float64 (``params`` over its defaults); a score that
+    depends on the number of keys sees ``n`` (default: k's n).
     """
-    d, n = q.shape[-1], k.shape[-2]
-    if score == "qk_rmsnorm":
-        q = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True))
-        k = k / np.sqrt(np.mean(k * k, axis=-1, keepdims=True))
-    elif score == "qk_layernorm":
-        q = q - q.mean(axis=-1, keepdims=True)
-        k = k - k.mean(axis=-1, keepdims=True)
-        q = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True))
-        k = k / np.sqrt(np.mean(k * k, axis=-1, keepdims=True))
-    dots = np.einsum("bd,bnd->bn", q, k)
-    if score == "dot":
-        return dots
-    if score in ("scaled_dot", "qk_layernorm"):
-        return dots / math.sqrt(d)
-    if score == "qk_rmsnorm":
-        return dots * (1.0 / math.sqrt(d) if qk_scale is None else qk_scale)
-    if score == "mup":
-        return dots * (mup_c / d)
-    if score == "log_length":
-        return dots * (log_scale * math.log(n) / math.sqrt(d))
-    if score == "softcap":
-        return cap * np.tanh(dots / math.sqrt(d) / cap)
-    if score == "cosine":
-        norms = np.linalg.norm(q, axis=-1)[:, None] * np.linalg.norm(k, axis=-1)
-        return tau * dots / norms
-    raise ValueError(f"score must be one of {', '.join(MC_SCORES)}; got {score!r}")
+    sc = get_score(score)
+    p = resolve_params(sc, params, None)
+    qt = torch.from_numpy(np.ascontiguousarray(q, dtype=np.float64))[:, None, :]  # (B, 1, d)
+    kt = torch.from_numpy(np.ascontiguousarray(k, dtype=np.float64))  # (B, n, d)
+    keys = torch.tensor(float(kt.shape[-2] if n is None else n), dtype=torch.float64)
+    ctx = Context(head_dim=qt.shape[-1], n_visible=lambda: keys)
+    with torch.no_grad():
+        return sc.formula(qt, kt, None, p, ctx)[:, 0, :].numpy()
 
 
 def _rotation_draws(rng: np.random.Generator, d: int, n: int, rows: int):
@@ -195,57 +173,61 @@ def _rotation_draws(rng: np.random.Generator, d: int, n: int, rows: int):
     return r, g, np.sqrt(g * g + rest)
 
 
-def _rotation_logits(score: str, d: int, n: int, r, g, knorm, tau, mup_c, log_scale):
-    if score == "cosine":
-        return tau * g / knorm
-    if score == "qk_rmsnorm":
-        return math.sqrt(d) * g / knorm
-    scale = {"dot": 1.0, "scaled_dot": 1.0 / math.sqrt(d), "mup": mup_c / d,
-             "log_length": log_scale * math.log(n) / math.sqrt(d)}[score]
-    return (scale * r) * g
+def _rotates(sc: Score, d: int, params: dict[str, Any]) -> bool:
+    """Whether the rotation draws in d dims give this score's logits (see the module doc)."""
+    if sc.cosine_law is not None:
+        return sc.cosine_law(d, params)[0] == d
+    return sc.dot_factor is not None and sc.fused
+
+
+def _rotation_logits(sc: Score, params: dict[str, Any], d: int, n: int, r, g, knorm):
+    """Logits from the rotation draws: t·g/‖k‖ (cosine law) or c·‖q‖·g (dot factor)."""
+    if sc.cosine_law is not None:
+        return sc.cosine_law(d, params)[1] * g / knorm
+    return (sc.dot_factor(d, n, params) * r) * g
+
+
+def _sample(rng, sc: Score, p: dict[str, Any], d: int, n: int, rows: int, rotation: bool):
+    """(rows, n) logits of one query against n keys, q, k ~ N(0, I_d)."""
+    if rotation:
+        return _rotation_logits(sc, p, d, n, *_rotation_draws(rng, d, n, rows))
+    q = rng.standard_normal((rows, d))
+    k = rng.standard_normal((rows, n, d))
+    return vector_logits(q, k, sc, **p)
 
 
 def mc_score_stats(
     d: int,
     n: int,
-    score: str,
-    tau: float = 1.0,
+    score: str | Score,
     samples: int = 2000,
     seed: int = 0,
     *,
     method: str = "rotation",
-    mup_c: float = theory.MUP_C,
-    log_scale: float = 1.0,
-    cap: float = 50.0,
+    **params: Any,
 ) -> dict[str, Estimate]:
     """Monte Carlo statistics of softmax(score(q, k_1..k_n)), q, k_j i.i.d. N(0, I_d).
 
-    ``method="vectors"`` samples the d-dim vectors and applies :func:`vector_logits`
-    (O(samples·n·d)); ``"rotation"`` samples the same joint law through
-    :func:`_rotation_draws` (O(samples·n)). qk_layernorm and softcap always use vectors.
+    ``params`` are the score's parameters. ``method="vectors"`` samples the d-dim vectors and
+    applies :func:`vector_logits` (O(samples·n·d)); ``"rotation"`` samples the same joint law
+    through :func:`_rotation_draws` (O(samples·n)) where the score's theory hook allows it
+    (otherwise vectors: soft-capping, QK-LayerNorm, scores without a hook).
     """
-    d = int(theory._integer("d", d, 1))
-    n = int(theory._integer("n", n, 1))
-    samples = int(theory._integer("samples", samples, 2))
-    theory._choice("score", score, MC_SCORES)
-    theory._choice("method", method, ("rotation", "vectors"))
-    if score in ("cosine", "qk_rmsnorm", "qk_layernorm") and d < 2:
-        raise ValueError(f"d must be an integer >= 2 for {score}, got {d}")
+    d = check_int("d", d)
+    n = check_int("n", n)
+    samples = check_int("samples", samples, 2)
+    sc = get_score(score)
+    check_choice("method", method, ("rotation", "vectors"))
+    if sc.normalizes_q and d < 2:
+        raise ValueError(f"d must be an integer >= 2 for {sc.name}, got {d}")
+    p = resolve_params(sc, params, None)
     rng = np.random.default_rng(seed)
-    use_vectors = method == "vectors" or score in ("qk_layernorm", "softcap")
-    per_chunk = max(1, _CHUNK // (n * d)) if use_vectors else _rows_per_chunk(n)
+    rotation = method == "rotation" and _rotates(sc, d, p)
+    per_chunk = _rows_per_chunk(n) if rotation else max(1, _CHUNK // (n * d))
     parts = []
     for start in range(0, samples, per_chunk):
         rows = min(per_chunk, samples - start)
-        if use_vectors:
-            q = rng.standard_normal((rows, d))
-            k = rng.standard_normal((rows, n, d))
-            logits = vector_logits(q, k, score, tau=tau, mup_c=mup_c, log_scale=log_scale,
-                                   cap=cap)
-        else:
-            logits = _rotation_logits(score, d, n, *_rotation_draws(rng, d, n, rows), tau, mup_c,
-                                      log_scale)
-        parts.append(softmax_sample_stats(logits))
+        parts.append(softmax_sample_stats(_sample(rng, sc, p, d, n, rows, rotation)))
     return _summarise(np.concatenate(parts, axis=1))
 
 
@@ -266,31 +248,29 @@ def mc_init_logit_std(
     d_model: int,
     d_head: int,
     weight_std: float,
-    score: str,
+    score: str | Score,
     *,
     draws: int = 200,
     tokens: int = 32,
     seed: int = 0,
-    tau: float = 1.0,
     n: int | None = None,
-    mup_c: float = theory.MUP_C,
-    cap: float = 50.0,
-    log_scale: float = 1.0,
+    **params: Any,
 ) -> Estimate:
     """Simulated logit std in a pre-LN block at init (compare :func:`theory.init_logit_std`).
 
     Per draw: ``tokens`` random tokens go through LayerNorm (no affine), fresh W_q, W_k with
     i.i.d. N(0, weight_std²) entries project them to q, k (d_head), and the logits of every pair
-    of *different* tokens are scored. The per-draw mean of ℓ² is i.i.d. across draws; the result
-    is √mean with a delta-method SE.
+    of *different* tokens are scored (a score that depends on the number of keys sees ``n``).
+    The per-draw mean of ℓ² is i.i.d. across draws; the result is √mean with a delta-method SE.
     """
-    theory._integer("d_model", d_model, 1)
-    theory._integer("d_head", d_head, 2 if score == "qk_layernorm" else 1)
-    theory._positive("weight_std", weight_std)
-    theory._choice("score", score, theory.INIT_SCORES)
+    check_int("d_model", d_model)
+    sc = get_score(score)
+    check_int("d_head", d_head, 2 if sc.normalizes_q else 1)
+    check_float("weight_std", weight_std, low=0.0)
+    p = resolve_params(sc, params, None)
+    if sc.dot_factor is not None:
+        sc.dot_factor(d_head, n, p)  # the score's own check of n (log_length needs it)
     rng = np.random.default_rng(seed)
-    if score == "log_length" and n is None:
-        raise ValueError("n (number of keys, integer >= 1) is required for log_length")
     off_diag = ~np.eye(tokens, dtype=bool)
     ms = np.empty(draws)
     for i in range(draws):
@@ -299,9 +279,7 @@ def mc_init_logit_std(
         q = x @ (weight_std * rng.standard_normal((d_model, d_head)))
         k = x @ (weight_std * rng.standard_normal((d_model, d_head)))
         keys = np.broadcast_to(k, (tokens, tokens, d_head))
-        logits = vector_logits(q, keys, score, tau=tau, mup_c=mup_c, cap=cap, log_scale=1.0)
-        if score == "log_length":  # the scale uses the number of keys n, not the token count
-            logits = logits / math.log(tokens) * log_scale * math.log(n)
+        logits = vector_logits(q, keys, sc, n=n, **p)
         ms[i] = np.mean(logits[off_diag] ** 2)
     mean, se = float(ms.mean()), float(ms.std(ddof=1)) / math.sqrt(draws)
     return Estimate(math.sqrt(mean), se / (2.0 * math.sqrt(mean)))
@@ -313,13 +291,13 @@ def mc_init_logit_std(
 
 TABLE_DS = (16, 64, 256, 1024)
 TABLE_NS = (64, 512, 4096)
-TABLE_SCORES = {  # label -> (score, tau)
-    "dot": ("dot", 1.0),
-    "scaled_dot": ("scaled_dot", 1.0),
-    "cosine_tau1": ("cosine", 1.0),
-    "cosine_tau10": ("cosine", 10.0),
+TABLE_SCORES: dict[str, tuple[str, dict[str, float]]] = {  # label -> (score, parameters)
+    "dot": ("dot", {}),
+    "scaled_dot": ("scaled_dot", {}),
+    "cosine_tau1": ("cosine", {"tau": 1.0}),
+    "cosine_tau10": ("cosine", {"tau": 10.0}),
 }
-TABLE_QUANTITIES = ("logit_std", "entropy", "max_weight", "effective_keys", "jacobian_norm")
+TABLE_QUANTITIES = ("logit_std", "entropy", "max_weight", "effective_keys", "rms_jacobian_norm")
 
 
 def theory_table(
@@ -328,32 +306,51 @@ def theory_table(
     ds: tuple[int, ...] = TABLE_DS,
     ns: tuple[int, ...] = TABLE_NS,
     quantities: tuple[str, ...] = TABLE_QUANTITIES,
+    scores: dict[str, tuple[str, dict[str, float]]] | None = None,
 ) -> list[dict]:
     """Exact theory next to Monte Carlo for every (score, d, n, quantity).
 
-    Rows: {"score", "d", "n", "quantity", "theory", "mc_mean", "mc_se"} with score labels
-    dot, scaled_dot, cosine_tau1, cosine_tau10. For each (d, n) one set of rotation draws
-    (:func:`_rotation_draws`, ``samples`` queries of n keys) serves all four scores.
-    Runs in a few seconds on 2 cores at the default size.
+    Rows: {"score", "d", "n", "quantity", "theory", "mc_mean", "mc_se"}. ``scores`` maps a
+    label to (registered score, its parameters); default :data:`TABLE_SCORES`. For each (d, n)
+    one set of rotation draws (:func:`_rotation_draws`, ``samples`` queries of n keys) serves
+    every score the rotation can sample; the others draw q and k vectors. Runs in a few seconds
+    on 2 cores at the default size.
     """
+    table = TABLE_SCORES if scores is None else scores
+    specs = {label: (get_score(name), resolve_params(get_score(name), params, None))
+             for label, (name, params) in table.items()}
     rng = np.random.default_rng(seed)
     rows: list[dict] = []
     for d in ds:
         for n in ns:
-            per = {label: [] for label in TABLE_SCORES}
-            for start in range(0, samples, _rows_per_chunk(n)):
-                draws = _rotation_draws(rng, d, n, min(_rows_per_chunk(n), samples - start))
-                for label, (score, tau) in TABLE_SCORES.items():
-                    logits = _rotation_logits(score, d, n, *draws, tau, theory.MUP_C, 1.0)
-                    per[label].append(softmax_sample_stats(logits))
-            for label, (score, tau) in TABLE_SCORES.items():
+            per = _table_samples(rng, specs, d, n, samples)
+            for label, (sc, _) in specs.items():
                 est = _summarise(np.concatenate(per[label], axis=1))
-                exact = theory.score_moments(d, n, score, tau)
-                for quantity in quantities:
-                    rows.append({
-                        "score": label, "d": d, "n": n, "quantity": quantity,
-                        "theory": exact.get(quantity),
-                        "mc_mean": est[quantity].mean, "mc_se": est[quantity].se,
-                    })
+                exact = theory.score_moments(d, n, sc, **table[label][1])
+                rows += [{"score": label, "d": d, "n": n, "quantity": quantity,
+                          "theory": exact.get(quantity), "mc_mean": est[quantity].mean,
+                          "mc_se": est[quantity].se} for quantity in quantities]
     return rows
 
+
+def _table_samples(rng, specs, d: int, n: int, samples: int) -> dict[str, list[np.ndarray]]:
+    """Per label, the (5, rows) statistics chunks of ``samples`` queries at (d, n)."""
+    per: dict[str, list[np.ndarray]] = {label: [] for label in specs}
+    shared = [label for label, (sc, p) in specs.items() if _rotates(sc, d, p)]
+    for start in range(0, samples, _rows_per_chunk(n)):
+        draws = _rotation_draws(rng, d, n, min(_rows_per_chunk(n), samples - start))
+        for label in shared:
+            sc, p = specs[label]
+            per[label].append(softmax_sample_stats(_rotation_logits(sc, p, d, n, *draws)))
+    per_chunk = max(1, _CHUNK // (n * d))
+    for label in [label for label in specs if label not in shared]:
+        sc, p = specs[label]
+        for start in range(0, samples, per_chunk):
+            rows = min(per_chunk, samples - start)
+            per[label].append(softmax_sample_stats(_sample(rng, sc, p, d, n, rows, False)))
+    return per
+
+
+def mc_scores() -> tuple[str, ...]:
+    """Registered scores :func:`mc_score_stats` samples: all of them (through the formula)."""
+    return tuple(SCORES)

@@ -4,8 +4,8 @@
 builder (about 30 s once per machine; later processes load the cached build) and returns its
 ``attention_with_sums`` function, or None where it cannot be used -- not an x86 CPU with AVX2,
 no C++ compiler or ninja, a failed build -- with the reason in :func:`unavailable_reason`.
-Callers fall back to the Python version, :func:`attnscale.measure.stats.attention_with_sums`, which is
-also the reference the kernel is tested against.
+Callers fall back to the Python version, :func:`attnscale.measure.rowstats.attention_with_sums`,
+which is also the reference the kernel is tested against.
 
 The build lives in PyTorch's extension cache (``~/.cache/torch_extensions``, or
 ``$TORCH_EXTENSIONS_DIR``). A build killed halfway can leave a lock file there that makes the
@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from attnscale.measure.rowstats import SATURATION
 
 SOURCE = Path(__file__).parent / "csrc" / "attention_with_sums.cpp"
 # Flags per vector ISA: the kernel uses at::vec, which picks its width from CPU_CAPABILITY.
@@ -81,8 +83,7 @@ def _build() -> tuple[Callable | None, str | None]:
 
 def _calling(kernel: Callable) -> Callable:
     """What every caller would otherwise repeat: the unit last stride the kernel reads, the mask
-    expanded to its full shape, the saturation threshold of attnscale.measure.stats."""
-    from attnscale.measure.stats import SATURATION  # stats imports this module
+    expanded to its full shape, the saturation threshold of attnscale.measure.rowstats."""
 
     def attend(q, k, v, keep, is_causal, scale, rows_kept, with_output=True):
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))

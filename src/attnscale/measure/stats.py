@@ -14,7 +14,7 @@ are skipped. Per row i with weights p = softmax(ℓ) over its visible keys:
 * max weight max_j p_ij, effective number of keys 1/Σ_j p_ij² (participation ratio);
 * saturated: max weight > 0.9;
 * Frobenius norm of the softmax Jacobian J = diag(p) − ppᵀ:
-  ‖J‖_F² = Σp² − 2Σp³ + (Σp²)² (ANCHORS.md);
+  ‖J‖_F² = Σp² − 2Σp³ + (Σp²)²;
 * logsumexp ln Σ_j e^{ℓ_ij} and the z-loss term (logsumexp)² (PaLM's auxiliary loss).
 
 Per-head values average over batch and rows; logit mean/std/max |logit| run over visible entries.
@@ -31,11 +31,31 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnscale.measure import native
-from attnscale.core.attention import _check_inputs, _expand_key_head_params, _normalize_mask
+from attnscale.core.inputs import check_inputs, expand_key_head_params, normalize_mask
 from attnscale.core.scores import Context, Score, get_score, resolve_params
+from attnscale.measure import native
+from attnscale.measure.rowstats import (
+    ROW_FIELDS,
+    SATURATION,
+    SUM_FIELDS,
+    attention_with_sums,
+    head_sums,
+    maybe_compiled,
+)
 
-SATURATION = 0.9  # a row whose largest weight exceeds this counts as saturated
+__all__ = [
+    "SATURATION",
+    "SUM_FIELDS",
+    "AttentionStats",
+    "StatsAccumulator",
+    "attention_stats",
+    "attention_with_sums",
+    "check_query_mask",
+    "head_sums",
+    "logit_stats",
+    "maybe_compiled",
+]
+
 CHUNK_ELEMENTS = 1 << 22  # elements of one (B, H, chunk, Nk) block
 
 
@@ -175,8 +195,7 @@ class StatsAccumulator:
     compiles, a few seconds with a warm cache).
     """
 
-    ROW_FIELDS = ("entropy", "entropy_uniform", "max_weight", "effective_keys",
-                  "saturated_fraction", "jacobian_norm", "logsumexp", "z_loss")
+    ROW_FIELDS = ROW_FIELDS
 
     def __init__(self, heads: int, compile: bool = False) -> None:
         self.heads = heads
@@ -206,15 +225,15 @@ class StatsAccumulator:
         """
         sc = get_score(score)
         params = resolve_params(sc, score_params, scale)
-        q, k, _, _ = _check_inputs(query, key, key, attn_mask, 0.0, is_causal, enable_gqa)
+        q, k, _, _ = check_inputs(query, key, key, attn_mask, 0.0, is_causal, enable_gqa)
         if enable_gqa and k.shape[1] != q.shape[1]:
             group = q.shape[1] // k.shape[1]
             k = k.repeat_interleave(group, dim=1)
-            params = _expand_key_head_params(params, group)
+            params = expand_key_head_params(params, group)
         self._check_heads(q.shape[1])
         b, h, nq, d = q.shape
-        mask = _normalize_mask(attn_mask, q.dtype)
-        qmask = _query_mask(query_mask, b, nq)
+        mask = normalize_mask(attn_mask, q.dtype)
+        qmask = check_query_mask(query_mask, b, nq)
         work = torch.float64 if q.dtype == torch.float64 else torch.float32
         with torch.no_grad():
             if self.compile and self._native_update(sc, params, q, k, scale, mask, is_causal,
@@ -271,10 +290,10 @@ class StatsAccumulator:
             raise ValueError("logits contain NaN")
         b, h, nq, nk = logits.shape
         self._check_heads(h)
-        mask = _normalize_mask(attn_mask, logits.dtype)
+        mask = normalize_mask(attn_mask, logits.dtype)
         if mask is not None:
             _broadcast_mask(mask, (b, h, nq, nk))
-        qmask = _query_mask(query_mask, b, nq)
+        qmask = check_query_mask(query_mask, b, nq)
         work = torch.float64 if logits.dtype == torch.float64 else torch.float32
         with torch.no_grad():
             for rows, keep, bias in _blocks(mask, is_causal, (b, h, nq, nk), logits.device):
@@ -358,124 +377,8 @@ class _PerRowScale(Exception):
     """A score asked for per-row visible counts: its scale varies by row."""
 
 
-# The per-head sums :meth:`StatsAccumulator.add` keeps, in the order ``head_sums`` returns them.
-SUM_FIELDS = ("rows", *StatsAccumulator.ROW_FIELDS, "norm_entropy", "norm_rows", "entries",
-              "logit_sum", "logit_sq")
-
-
-def head_sums(z: Tensor, rows_kept: Tensor, hidden_keys: bool = True) -> tuple[Tensor, Tensor]:
-    """Per-head sums of every row statistic of masked logits ``z`` (B, H, c, N).
-
-    −inf in ``z`` marks a hidden key (``hidden_keys=False``: there is none, and the masking
-    work is skipped); ``rows_kept`` (B, 1, c) bool drops query rows; a row with no visible key
-    is skipped. Per row, with m the max over visible keys and e = exp(ℓ − m):
-    ln Σ exp ℓ = m + ln Σe; H = ln Σe − Σe(ℓ − m)/Σe; max p = 1/Σe; Σp^k = Σe^k/(Σe)^k.
-    Returns the (H, len(SUM_FIELDS)) float64 sums over batch and rows, and max |ℓ| per head (H,).
-    Plain tensor code, one expression graph, so ``torch.compile`` fuses it into a few loops.
-    Precision: ‖J‖_F = √(Σp² − 2Σp³ + (Σp²)²) subtracts terms of size 1, so in float32 a near
-    one-hot row keeps it to about 1e-3 absolute; the other statistics keep float32's accuracy.
-    """
-    m, e = _shifted_exp(z, hidden_keys)
-    return _sums(z, m, e, rows_kept, hidden_keys)
-
-
-def _shifted_exp(z: Tensor, hidden_keys: bool) -> tuple[Tensor, Tensor]:
-    """Row max m (B, H, c, 1), 0 for a row with no visible key, and e = exp(z − m)."""
-    m = z.amax(-1, keepdim=True)
-    if hidden_keys:
-        m = torch.where(m > float("-inf"), m, torch.zeros_like(m))  # fully masked row
-    return m, torch.exp(z - m)
-
-
-def _sums(z: Tensor, m: Tensor, e: Tensor, rows_kept: Tensor, hidden_keys: bool):
-    """:func:`head_sums` given the row max and exponentials (shared with the attention
-    output in :func:`attention_with_sums`, so they are computed once)."""
-    zc = z - m
-    if hidden_keys:
-        vis = z > float("-inf")
-        zc = torch.where(vis, zc, torch.zeros_like(zc))
-        zv = torch.where(vis, z, torch.zeros_like(z))
-        n_vis = vis.sum(-1).to(z.dtype)
-    else:
-        zv = z
-        n_vis = torch.full(z.shape[:-1], z.shape[-1], dtype=z.dtype, device=z.device)
-    e2 = e * e
-    s0 = e.sum(-1)  # (B, H, c)
-    valid = (s0 > 0) & rows_kept
-    s0 = s0.clamp_min(1e-30)
-    log_s0 = torch.log(s0)
-    lse = m.squeeze(-1) + log_s0
-    entropy = log_s0 - (e * zc).sum(-1) / s0
-    p2, p3 = e2.sum(-1) / (s0 * s0), (e2 * e).sum(-1) / (s0 * s0 * s0)  # Σp², Σp³
-    max_weight = 1.0 / s0  # the row maximum has e = 1
-    wide = valid & (n_vis >= 2)
-    per_row = [
-        torch.ones_like(s0),  # rows
-        entropy,
-        torch.log(n_vis.clamp_min(1)),  # entropy_uniform
-        max_weight,
-        1.0 / p2.clamp_min(1e-30),  # effective_keys
-        (max_weight > SATURATION).to(z.dtype),  # saturated_fraction
-        (p2 - 2 * p3 + p2 * p2).clamp_min(0).sqrt(),  # jacobian_norm, ANCHORS.md
-        lse,
-        lse * lse,  # z_loss
-    ]
-    per_row = [torch.where(valid, x, torch.zeros_like(x)) for x in per_row]
-    ent_norm = entropy / torch.log(n_vis.clamp_min(2))
-    per_row += [
-        torch.where(wide, ent_norm, torch.zeros_like(ent_norm)),  # norm_entropy
-        wide.to(z.dtype),  # norm_rows
-        torch.where(valid, n_vis, torch.zeros_like(n_vis)),  # entries
-        torch.where(valid, zv.sum(-1), torch.zeros_like(s0)),  # logit_sum
-        torch.where(valid, (zv * zv).sum(-1), torch.zeros_like(s0)),  # logit_sq
-    ]
-    sums = torch.stack(per_row, dim=-1).to(torch.float64).sum(dim=(0, 2))  # (H, F)
-    row_max = torch.where(valid, zv.abs().amax(-1), torch.zeros_like(s0))
-    return sums, row_max.amax(dim=(0, 2))
-
-
-def attention_with_sums(
-    q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, is_causal: bool, scale: float,
-    rows_kept: Tensor,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Scaled dot-product attention computed from materialized logits, with :func:`head_sums`
-    of those same logits: (output (B, H, N, Dv), sums (H, F), max |ℓ| (H,)).
-
-    q (B, H, N, d), k and v (B, H, S, ·) with equal head counts; ``keep`` a bool mask
-    broadcasting to (B, H, N, S) (True = attend) or None; ``is_causal`` aligned to the upper left
-    like SDPA. The order of operations follows PyTorch's CPU flash kernel (scale after the
-    product, normalize after the value product), so the output matches SDPA to float rounding
-    (``tests/test_monitor.py`` holds it within 1e-6); a row with no visible key gives 0 as SDPA
-    does. One expression graph: ``torch.compile`` fuses the softmax with the statistics, so the
-    monitor pays for one logits product instead of two.
-    """
-    z = (q @ k.transpose(-2, -1)) * scale  # (B, H, N, S)
-    hidden = keep is not None or is_causal
-    if is_causal:
-        causal = torch.ones(z.shape[-2:], dtype=torch.bool, device=z.device).tril()
-        keep = causal if keep is None else keep & causal
-    if keep is not None:
-        z = z.masked_fill(~keep, float("-inf"))
-    m, e = _shifted_exp(z, hidden)
-    sums, head_max = _sums(z, m, e, rows_kept, hidden)
-    total = e.sum(-1, keepdim=True)  # (B, H, N, 1)
-    out = torch.where(total > 0, (e @ v) / total.clamp_min(1e-30), torch.zeros((), dtype=v.dtype))
-    return out, sums, head_max
-
-
-_COMPILED: dict[Any, Any] = {}
-
-
-def maybe_compiled(fn, compile: bool):
-    """``fn``, compiled once per process when asked."""
-    if not compile:
-        return fn
-    if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True)
-    return _COMPILED[fn]
-
-
-def _query_mask(query_mask: Tensor | None, b: int, nq: int) -> Tensor | None:
+def check_query_mask(query_mask: Tensor | None, b: int, nq: int) -> Tensor | None:
+    """``query_mask`` if it is None or a (B, Nq) bool tensor (True = keep the row)."""
     if query_mask is None:
         return None
     if not isinstance(query_mask, Tensor) or query_mask.dtype != torch.bool:

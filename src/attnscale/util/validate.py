@@ -12,10 +12,10 @@ from typing import Annotated, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
-from pydantic import Field, StrictFloat, StrictInt, TypeAdapter, ValidationError
+from pydantic import AllowInfNan, Strict, StrictInt, TypeAdapter, ValidationError
 
 _INT = TypeAdapter(StrictInt)
-_NUMBER = TypeAdapter(Annotated[StrictFloat | StrictInt, Field(allow_inf_nan=True)])
+_NUMBER = TypeAdapter(Annotated[float, Strict(), AllowInfNan(True)] | StrictInt)
 
 
 def _plain(value: Any) -> Any:

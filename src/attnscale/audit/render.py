@@ -1,0 +1,76 @@
+"""Judging and rendering: each claim's rule applied to its evidence, and the one-page HTML.
+
+The page is self-contained (figures as ``data:`` URIs, no network requests) and built with
+jinja2 autoescaping, so no measured string can inject markup.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
+
+from attnscale.audit.claims import CLAIMS, QUESTIONS, Claim
+from attnscale.audit.verdicts import DEPENDS, SUPPORTED, Evidence
+from attnscale.util.jsonio import jsonable
+
+CLAIMS_DOC = "docs/claims.md"  # where the claims are stated, relative to the source tree
+
+
+def judge(claim: Claim, ev: Evidence, figures: list[str]) -> dict[str, Any]:
+    """One report.json entry: the claim, its rule, the verdict and the numbers behind it."""
+    try:
+        v = claim.judge(ev)
+        verdict, rule, because, numbers = v.verdict, v.rule, v.because, v.numbers
+    except (KeyError, ValueError, ZeroDivisionError, TypeError) as e:
+        # Missing measurements (e.g. every run of a study failed): say so, judge nothing.
+        verdict, rule, numbers = DEPENDS, claim.rule, {}
+        because = f"inconclusive: not enough data to apply the rule ({e!r})"
+    return {
+        "id": claim.id, "claim": claim.text, "measures": claim.measures,
+        "verdict": verdict, "rule": rule, "because": because,
+        "thread_wrong": claim.thread_wrong if verdict != SUPPORTED else "",
+        "evidence": jsonable({k: v for k, v in ev.items() if k != "runs"}),
+        "numbers": jsonable(numbers),
+        "figures": list(figures),
+        "runs": list(ev.get("runs", [])),
+    }
+
+
+def judge_all(evidence: dict[str, Evidence], figures: dict[str, list[str]]
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Entries for every claim and every question, in their listed order."""
+    def entries(items: list[Claim]) -> list[dict[str, Any]]:
+        return [judge(c, evidence[c.id], figures.get(c.id, [])) for c in items]
+
+    return entries(CLAIMS), entries(QUESTIONS)
+
+
+def data_uri(path: str | Path) -> str:
+    """A PNG file as a ``data:image/png;base64,…`` URI."""
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
+
+
+def _prepare(entry: dict[str, Any]) -> dict[str, Any]:
+    figs = [{"name": Path(f).name, "uri": data_uri(f)} for f in entry["figures"]
+            if Path(f).exists()]
+    return {**entry, "figure_data": figs,
+            "evidence_json": json.dumps(entry["evidence"], indent=1, default=str)[:20000]}
+
+
+def render_html(report: dict[str, Any], explorer_html: str) -> str:
+    """The self-contained page for a report.json dict and the explorer's HTML fragment."""
+    env = Environment(loader=PackageLoader("attnscale.audit", "templates"),
+                      autoescape=select_autoescape(["html"]))
+    return env.get_template("report.html").render(
+        claims=[_prepare(c) for c in report["claims"]],
+        questions=[_prepare(q) for q in report["questions"]],
+        preset=report["preset"], git_rev=report["git_rev"], versions=report["versions"],
+        versions_json=json.dumps(report["versions"]), elapsed_s=report["elapsed_s"],
+        n_runs=report["n_runs"], bench_rows=report["bench"], claims_doc=CLAIMS_DOC,
+        explorer=Markup(explorer_html),  # built by attnscale.audit.explorer with its own escaping
+    )

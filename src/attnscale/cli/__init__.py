@@ -1,0 +1,70 @@
+"""The ``attnscale`` command line.
+
+Bad input prints one line (``error: ...``) on stderr and exits with status 2, without a
+traceback, whatever the command and whatever raised. ``ATTNSCALE_DEBUG=1`` shows the traceback
+of an error that is not a usage error.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+
+import typer
+
+# Importing a command module registers its commands, in this order in --help.
+from attnscale.cli import measure  # bench, theory, inspect
+
+# isort: split
+from attnscale.cli import lab  # train, sweep, results
+
+# isort: split
+from attnscale.cli import audit  # report
+
+# isort: split
+from attnscale.cli.app import app
+
+__all__ = ["app", "audit", "lab", "main", "measure"]
+
+USAGE_ERROR = 2
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app on ``argv`` (default: the process arguments) and exit."""
+    sys.exit(run(argv))
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the app; return its exit status, every error turned into one ``error:`` line."""
+    try:
+        code = app(args=argv, prog_name="attnscale", standalone_mode=False)
+    except typer.Exit as e:
+        code = e.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        print("aborted", file=sys.stderr)
+        code = 130
+    except (ValueError, TypeError, OSError, sqlite3.Error) as e:
+        say(str(e) or type(e).__name__)
+        code = USAGE_ERROR
+    except Exception as e:
+        if is_usage_error(e):  # unknown option, bad value, no command: typer's click says why
+            say(e.format_message())
+            return e.exit_code
+        if os.environ.get("ATTNSCALE_DEBUG"):
+            raise
+        say(f"{type(e).__name__}: {e} (ATTNSCALE_DEBUG=1 shows the traceback)")
+        code = USAGE_ERROR
+    return code if isinstance(code, int) else 0
+
+
+def is_usage_error(e: Exception) -> bool:
+    """Typer's (click's) usage errors carry their own message and exit status."""
+    return hasattr(e, "format_message") and hasattr(e, "exit_code")
+
+
+def say(message: str) -> None:
+    """Print ``error: message`` as one line on stderr (nothing for an empty message)."""
+    line = " ".join(message.split())
+    if line:  # no arguments at all: the help was shown, nothing more to say
+        print(f"error: {line}", file=sys.stderr)

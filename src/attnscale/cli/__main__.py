@@ -1,0 +1,5 @@
+"""``python -m attnscale.cli``: the same as the ``attnscale`` command."""
+
+from attnscale.cli import main
+
+main()

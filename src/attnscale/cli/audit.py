@@ -1,0 +1,69 @@
+"""The ``report`` command: measure every claim, judge it by its rule, write the report."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from attnscale.cli.app import app, console, output_file, output_folder
+from attnscale.lab.executors import EXECUTORS
+
+VERDICT_COLORS = {"supported": "green", "refuted": "red", "depends": "yellow"}
+
+
+@app.command()
+def report(
+    quick: Annotated[bool, typer.Option("--quick", help="About 2 minutes.")] = False,
+    standard: Annotated[bool, typer.Option("--standard", help="The default (≤ 15 min).")] = False,
+    full: Annotated[bool, typer.Option("--full", help="Everything, hours on a laptop.")] = False,
+    out: Annotated[str, typer.Option("--out", help="Output folder.")] = "report",
+    db: Annotated[str | None, typer.Option("--db", help="Results database (OUT/results.db).")]
+    = None,
+    executor: Annotated[str, typer.Option(help="local or ray.")] = "local",
+    workers: Annotated[int, typer.Option(min=1, help="Parallel training runs.")] = 2,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address.")] = None,
+) -> None:
+    """Measure every claim of the thread, judge it by its rule, write OUT/index.html and JSON."""
+    # the report draws figures with matplotlib, which the other commands do not need
+    from attnscale.audit import report as R
+
+    chosen = [name for name, flag in (("quick", quick), ("standard", standard), ("full", full))
+              if flag]
+    if len(chosen) > 1:
+        raise ValueError(f"choose one preset, got {', '.join('--' + c for c in chosen)}")
+    if executor not in EXECUTORS:
+        raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    output_folder(out, "--out")
+    if db is not None:
+        output_file(db, "--db")
+    preset = chosen[0] if chosen else "standard"
+    bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console)
+    studies: dict[str, Any] = {}
+
+    def progress(name: str, counts: Any) -> None:
+        total = counts.total if hasattr(counts, "total") else None
+        if name not in studies:
+            studies[name] = bars.add_task(f"study {name}", total=total)
+        bars.update(studies[name], completed=counts.finished, total=total)
+
+    with bars:
+        result = R.build_report(preset, out, db, executor, workers, address,
+                                say=bars.console.log, progress=progress)
+    print_verdicts(result, preset, out)
+
+
+def print_verdicts(result: dict[str, Any], preset: str, out: str) -> None:
+    """One row per claim and question: its id, verdict and reason."""
+    table = Table(title=f"attnscale report ({preset}) -> {out}/index.html")
+    for col in ("ID", "verdict", "because"):
+        table.add_column(col)
+    for c in result["claims"] + result["questions"]:
+        color = VERDICT_COLORS[c["verdict"]]
+        table.add_row(c["id"], f"[{color}]{c['verdict']}[/]", c["because"][:160])
+    Console().print(table)
+    console.print(f"elapsed {result['elapsed_s']:.0f} s")

@@ -1,0 +1,271 @@
+"""Commands over the training lab: ``train`` one model, run a ``sweep``, export its ``results``."""
+
+from __future__ import annotations
+
+import inspect
+import time
+import types
+import typing
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich import box
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from attnscale.cli.app import app, console, fmt, input_file, output_file, print_json
+from attnscale.lab import store as St
+from attnscale.lab import sweep as S
+from attnscale.lab import train as T
+from attnscale.lab.analysis import group_key
+from attnscale.lab.train import TrainConfig
+
+# Option names for TrainConfig fields whose flag is not the field name with dashes.
+TRAIN_FLAGS = {"n_heads": "--heads", "n_kv_heads": "--kv-heads", "n_layers": "--layers"}
+
+
+def with_train_options(
+    command: typer.models.CommandFunctionType,
+) -> typer.models.CommandFunctionType:
+    """Add one option per ``attnscale.lab.train.TrainConfig`` field to ``command``'s signature.
+
+    Every option defaults to None, meaning "the config's default", so the CLI and the config
+    never disagree about defaults and a new config field is an option without further edits.
+    """
+    hints = typing.get_type_hints(command, include_extras=True)
+    params = [
+        p.replace(annotation=hints[p.name])
+        for p in inspect.signature(command).parameters.values()
+        if p.kind != p.VAR_KEYWORD
+    ]
+    for name, info in TrainConfig.model_fields.items():
+        kind, choices = cli_type(info.annotation)
+        flag = TRAIN_FLAGS.get(name, "--" + name.replace("_", "-"))
+        decls = [f"{flag}/--no-{flag[2:]}"] if kind is bool else [flag]
+        note = f" One of: {', '.join(choices)}." if choices else ""
+        if info.default is not None:
+            note += f" [default: {info.default}]"
+        option = typer.Option(*decls, help=f"{info.description}{note}")
+        annotation = Annotated[kind | None, option]
+        kw_only = inspect.Parameter.KEYWORD_ONLY
+        params.append(inspect.Parameter(name, kw_only, default=None, annotation=annotation))
+    command.__signature__ = inspect.Signature(params)
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command
+
+
+def cli_type(annotation: object) -> tuple[object, tuple[str, ...]]:
+    """The click-parsable type of a config field (Literal -> str with its choices)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        annotation = args[0]
+    if typing.get_origin(annotation) is typing.Literal:
+        return str, typing.get_args(annotation)
+    return annotation, ()
+
+
+@app.command()
+@with_train_options
+def train(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run record as JSON.")] = False,
+    **options: object,
+) -> None:
+    """Train one model: attnscale train --task mqar --score cosine --tau 1 --lr 3e-3 --steps 500.
+
+    Every attnscale.lab.train.TrainConfig field is an option; unset ones take the config default.
+    A progress bar (stderr) shows loss and steps/s; a summary table or --json record follows.
+    """
+    config = train_config({k: v for k, v in options.items() if v is not None})
+    with train_progress(config.steps) as report:
+        result = T.run(config, progress=report)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        print_train_summary(result)
+
+
+def train_config(values: dict[str, object]) -> TrainConfig:
+    """TrainConfig from CLI values; a validation error becomes one readable ValueError."""
+    try:
+        return TrainConfig(**values)
+    except ValidationError as e:
+        parts = []
+        for err in e.errors():
+            where = ".".join(str(x) for x in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            parts.append(f"{where}: {msg}" if where else msg)
+        raise ValueError("; ".join(parts)) from None
+
+
+@contextmanager
+def train_progress(total: int) -> Iterator[Callable[[int, float], None]]:
+    """A rich bar on stderr with loss and steps/s; yields the run() progress callback."""
+    progress = Progress(
+        TextColumn("train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}  {task.fields[rate]} steps/s"),
+        console=console,
+    )
+    bar_id = progress.add_task("train", total=total, loss="-", rate="-")
+    start = time.perf_counter()
+
+    def report(done: int, loss: float) -> None:
+        rate = done / max(time.perf_counter() - start, 1e-9)
+        progress.update(bar_id, completed=done, loss=f"{loss:.4f}", rate=f"{rate:.1f}")
+
+    with progress:
+        yield report
+
+
+def print_train_summary(result: T.RunResult) -> None:
+    """The run's outcome as a rich table on stdout."""
+    last = result.history[-1] if result.history else {}
+    table = Table(title=f"train {result.config['task']} / {result.config['score']}")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    rows = [
+        ("status", result.status),
+        ("steps", str(result.steps)),
+        ("diverged at", "-" if result.diverged_step is None else str(result.diverged_step)),
+        ("initial loss", fmt(result.initial_loss, ".4f")),
+        ("final eval loss", fmt(result.final_loss, ".4f")),
+        (f"final {result.metric_name}", fmt(result.final_metric, ".4f")),
+    ]
+    if len(result.final_metrics) > 1:
+        rows += [(f"  {k}", fmt(v["metric"], ".4f")) for k, v in result.final_metrics.items()]
+    rows += [
+        ("last max |logit|", fmt(last.get("max_abs_logit"), ".2f")),
+        ("parameters", f"{result.num_params:,}"),
+        ("elapsed s", f"{result.elapsed_s:.1f}"),
+        ("steps/s", f"{result.steps / max(result.elapsed_s, 1e-9):.1f}"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+@app.command()
+def sweep(
+    config: Annotated[str, typer.Argument(help="Sweep TOML file ([base], [axes], [[variant]]).")],
+    db: Annotated[str, typer.Option("--db", help="SQLite results file (created if missing).")],
+    workers: Annotated[int, typer.Option(min=1, help="Runs in parallel (1 thread each).")] = 1,
+    executor: Annotated[str, typer.Option(help="local (process pool) or ray.")] = "local",
+    address: Annotated[
+        str | None,
+        typer.Option(help="Ray cluster to join ('auto' finds one); default: a local Ray."),
+    ] = None,
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", help="Run failed configs again.")
+    ] = False,
+) -> None:
+    """Run every grid point of a sweep into a SQLite store; rerun the same command to resume.
+
+    Finished runs (done, diverged, failed) are skipped; runs a killed sweep left queued or
+    running are redone. Exit status 1 if any run failed.
+    """
+    input_file(config, "config")
+    spec = S.load_spec(config)
+    S.make_executor(executor, workers, address)  # bad --executor / --address: exit 2 here
+    with sweep_progress() as report:
+        counts = S.run_sweep(
+            spec,
+            db,
+            workers=workers,
+            executor=executor,
+            address=address,
+            retry_failed=retry_failed,
+            source=config,
+            progress=report,
+        )
+    console.print(
+        f"{counts.total} runs: {counts.done} done, {counts.diverged} diverged, "
+        f"{counts.failed} failed ({counts.skipped} already finished) -> {db}",
+        soft_wrap=True,
+    )
+    if counts.failed:
+        raise typer.Exit(1)
+
+
+@contextmanager
+def sweep_progress() -> Iterator[Callable[[S.Counts], None]]:
+    """A rich progress bar on stderr; yields the callback run_sweep reports counts to."""
+    progress = Progress(
+        TextColumn("sweep"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("diverged {task.fields[diverged]}  failed {task.fields[failed]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+    )
+    ids: list[int] = []
+
+    def report(c: S.Counts) -> None:
+        fields = {"completed": c.finished, "diverged": c.diverged, "failed": c.failed}
+        if not ids:
+            ids.append(progress.add_task("sweep", total=c.total, **fields))
+        else:
+            progress.update(ids[0], **fields)
+
+    with progress:
+        yield report
+
+
+@app.command()
+def results(
+    db: Annotated[str, typer.Option("--db", help="SQLite results file of a sweep.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print runs as JSON.")] = False,
+    csv_path: Annotated[str | None, typer.Option("--csv", help="Write runs to a CSV file.")] = None,
+    parquet_path: Annotated[
+        str | None, typer.Option("--parquet", help="Write runs to a Parquet file (pyarrow).")
+    ] = None,
+    status: Annotated[
+        list[str] | None, typer.Option("--status", help="Only runs with this status.")
+    ] = None,
+) -> None:
+    """Export a sweep's runs: JSON on stdout, CSV / Parquet to a file, or a table."""
+    input_file(db, "--db")
+    csv_file = output_file(csv_path, "--csv") if csv_path else None
+    parquet_file = output_file(parquet_path, "--parquet") if parquet_path else None
+    with St.Store(db) as store:
+        runs = store.runs(status=status or None)
+    if as_json:
+        print_json(runs)
+    if csv_file:
+        console.print(f"wrote {St.write_csv(runs, csv_path)} runs to {csv_path}", soft_wrap=True)
+    if parquet_file:
+        n = St.write_parquet(runs, parquet_file)
+        console.print(f"wrote {n} runs to {parquet_path}", soft_wrap=True)
+    if not (as_json or csv_path or parquet_path):
+        print_runs(runs)
+
+
+def print_runs(runs: list[dict]) -> None:
+    table = Table(title=f"{len(runs)} runs", box=box.SIMPLE_HEAD)
+    for col in ("id", "score", "lr", "seed", "status", "loss", "metric", "diverged"):
+        left = col in ("id", "score", "status")
+        table.add_column(col, justify="left" if left else "right", no_wrap=True)
+    for r in runs:
+        cfg = r["config"] or {}
+        table.add_row(
+            r["id"],
+            group_key(r),
+            fmt(cfg.get("lr"), "g"),
+            str(cfg.get("seed", "-")),
+            r["status"],
+            fmt(r["final_loss"], ".4f"),
+            fmt(r["final_metric"], ".4f"),
+            "-" if r["diverged_step"] is None else str(r["diverged_step"]),
+        )

@@ -1,0 +1,83 @@
+"""The float64 ground truth: every logit built from the score's plain formula, then softmax."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnscale.core.inputs import (
+    check_inputs,
+    expand_key_head_params,
+    keep_matrix,
+    normalize_mask,
+)
+from attnscale.core.scores import Context, Params, Score, get_score, resolve_params
+
+
+def reference_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    score: str | Score = "scaled_dot",
+    **score_params: Any,
+) -> Tensor:
+    """Ground truth: the score's plain formula, materialized in float64, masked, softmaxed.
+
+    Same signature and semantics as :func:`attention`. Returns the query's dtype. Deterministic,
+    so ``dropout_p`` must be 0.
+    """
+    sc = get_score(score)
+    params = resolve_params(sc, score_params, scale)
+    q, k, v, squeeze = check_inputs(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0 for reference_attention, got {dropout_p}")
+    params64 = {n: p.double() if isinstance(p, Tensor) else p for n, p in params.items()}
+    mask = normalize_mask(attn_mask, torch.float64)
+    out = materialized_attention(
+        sc, params64, q.double(), k.double(), v.double(), mask, 0.0, is_causal, scale, enable_gqa
+    ).to(query.dtype)
+    return out.squeeze(1) if squeeze else out
+
+
+def materialized_attention(
+    sc: Score,
+    params: Params,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> Tensor:
+    """The naive O(N²)-memory path: build every logit from ``sc.formula``, then softmax.
+
+    Inputs are already checked 4-D tensors. Used as the float64 reference, as the fallback for
+    cases the fast kernels don't cover, and as the "naive" baseline in benchmarks.
+    """
+    if enable_gqa and k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        params = expand_key_head_params(params, group)
+    nq, nk = q.shape[-2], k.shape[-2]
+    keep = keep_matrix(nq, nk, mask, is_causal, q.device)  # (…, Nq, Nk) bool
+    ctx = Context(head_dim=q.shape[-1], n_visible=lambda: keep.sum(-1, keepdim=True))
+    logits = sc.formula(q, k, scale, params, ctx)  # (B, H, Nq, Nk)
+    if mask is not None and mask.dtype != torch.bool:
+        logits = logits + mask
+    logits = logits.masked_fill(~keep, float("-inf"))
+    weights = torch.softmax(logits, dim=-1)
+    weights = weights.masked_fill(~keep.any(-1, keepdim=True), 0.0)  # fully masked rows -> 0
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v
