@@ -93,12 +93,13 @@ def test_bad_preset_and_workers(tmp_path):
 def test_out_and_db_that_cannot_be_used(tmp_path):
     blocker = tmp_path / "some_file.txt"
     blocker.write_text("x")
-    for out in (blocker, blocker / "report"):
-        with pytest.raises(ValueError, match=r"^out: cannot create the folder"):
-            R.build_report("tiny", out=out)
+    with pytest.raises(ValueError, match=r"^out: .*some_file.txt is a file, not a folder"):
+        R.build_report("tiny", out=blocker)
+    with pytest.raises(ValueError, match=r"^out: cannot create the folder"):
+        R.build_report("tiny", out=blocker / "report")
     with pytest.raises(ValueError, match=r"^db: .*some_file.txt is not a SQLite database"):
         R.build_report("tiny", out=tmp_path / "report", db=blocker)
-    with pytest.raises(ValueError, match=r"^db: cannot create the folder"):
+    with pytest.raises(ValueError, match=r"^db: .*some_file.txt is a file, not a folder"):
         R.build_report("tiny", out=tmp_path / "report", db=blocker / "results.db")
 
 

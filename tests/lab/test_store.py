@@ -167,7 +167,7 @@ def test_a_directory_is_not_a_database(tmp_path):
 def test_a_folder_that_cannot_be_created(tmp_path):
     blocker = tmp_path / "some_file.txt"
     blocker.write_text("x")
-    with pytest.raises(ValueError, match=r"^db: cannot create the folder of .*some_file.txt"):
+    with pytest.raises(ValueError, match=r"^db: .*some_file.txt is a file, not a folder"):
         Store(blocker / "db.sqlite")
 
 

@@ -17,7 +17,6 @@ The pipeline:
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +31,7 @@ from attnscale.lab.store import Store
 from attnscale.lab.sweep import SweepSpec, run_sweep
 from attnscale.util.jsonio import dumps, jsonable
 from attnscale.util.provenance import git_revision, versions
-from attnscale.util.validate import check_choice, check_int
+from attnscale.util.validate import check_choice, check_int, check_output_folder
 
 SCHEMA_VERSION = 1
 EXECUTORS = ("local", "ray")
@@ -58,18 +57,6 @@ def explorer_fragment(store: Store) -> str:
     return explorer.render_explorer(data)
 
 
-def _output_folder(out: str | Path) -> Path:
-    """``out`` created if needed and writable, else ValueError naming ``out``."""
-    path = Path(out)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"out: cannot create the folder {path} ({e.strerror})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(f"out: the folder {path} is not writable")
-    return path
-
-
 def build_report(
     preset: str = "standard",
     out: str | Path = "report",
@@ -86,7 +73,7 @@ def build_report(
     check_int("workers", workers, minimum=1)
     check_choice("executor", executor, EXECUTORS)
     started = time.perf_counter()
-    out = _output_folder(out)
+    out = check_output_folder("out", out)
     db = Path(db) if db else out / "results.db"
     with Store(db) as store:
         measured = measure_all(p, store, say)

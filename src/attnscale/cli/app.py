@@ -7,9 +7,7 @@ prints as one line with exit status 2.
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -39,36 +37,3 @@ def print_json(obj: object) -> None:
 def fmt(x: float | None, spec: str) -> str:
     """``x`` formatted with ``spec``, or "-" when missing."""
     return "-" if x is None else format(x, spec)
-
-
-def input_file(path: str, option: str) -> Path:
-    """``path`` if it is an existing regular file, else ValueError naming ``option``."""
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{option}: {path} is a directory, not a file")
-    if not p.is_file():
-        raise ValueError(f"{option}: no file at {path}")
-    return p
-
-
-def output_file(path: str, option: str) -> Path:
-    """``path`` if a file can be written there (its folder is created), else ValueError."""
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{option}: {path} is a directory, not a file")
-    output_folder(str(p.parent), option)
-    return p
-
-
-def output_folder(path: str, option: str) -> Path:
-    """``path`` created if needed and writable, else ValueError naming ``option``."""
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise ValueError(f"{option}: {path} is a file, not a folder")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"{option}: cannot create the folder {path} ({e.strerror})") from None
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise ValueError(f"{option}: the folder {path} is not writable")
-    return p

@@ -9,8 +9,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from attnscale.cli.app import app, console, output_file, output_folder
+from attnscale.cli.app import app, console
 from attnscale.lab.executors import EXECUTORS
+from attnscale.util.validate import check_output_file, check_output_folder
 
 VERDICT_COLORS = {"supported": "green", "refuted": "red", "depends": "yellow"}
 
@@ -37,9 +38,9 @@ def report(
         raise ValueError(f"choose one preset, got {', '.join('--' + c for c in chosen)}")
     if executor not in EXECUTORS:
         raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    output_folder(out, "--out")
+    check_output_folder("--out", out)
     if db is not None:
-        output_file(db, "--db")
+        check_output_file("--db", db)
     preset = chosen[0] if chosen else "standard"
     bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=console)

@@ -24,12 +24,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from attnscale.cli.app import app, console, fmt, input_file, output_file, print_json
+from attnscale.cli.app import app, console, fmt, print_json
 from attnscale.lab import store as St
 from attnscale.lab import sweep as S
 from attnscale.lab import train as T
 from attnscale.lab.analysis import group_key
 from attnscale.lab.train import TrainConfig
+from attnscale.util.validate import check_input_file, check_output_file
 
 # Option names for TrainConfig fields whose flag is not the field name with dashes.
 TRAIN_FLAGS = {"n_heads": "--heads", "n_kv_heads": "--kv-heads", "n_layers": "--layers"}
@@ -174,7 +175,7 @@ def sweep(
     Finished runs (done, diverged, failed) are skipped; runs a killed sweep left queued or
     running are redone. Exit status 1 if any run failed.
     """
-    input_file(config, "config")
+    check_input_file("config", config)
     spec = S.load_spec(config)
     S.make_executor(executor, workers, address)  # bad --executor / --address: exit 2 here
     with sweep_progress() as report:
@@ -236,9 +237,9 @@ def results(
     ] = None,
 ) -> None:
     """Export a sweep's runs: JSON on stdout, CSV / Parquet to a file, or a table."""
-    input_file(db, "--db")
-    csv_file = output_file(csv_path, "--csv") if csv_path else None
-    parquet_file = output_file(parquet_path, "--parquet") if parquet_path else None
+    check_input_file("--db", db)
+    csv_file = check_output_file("--csv", csv_path) if csv_path else None
+    parquet_file = check_output_file("--parquet", parquet_path) if parquet_path else None
     with St.Store(db) as store:
         runs = store.runs(status=status or None)
     if as_json:

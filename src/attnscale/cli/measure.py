@@ -8,10 +8,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from attnscale.cli.app import app, console, fmt, input_file, output_folder, print_json
+from attnscale.cli.app import app, console, fmt, print_json
 from attnscale.measure import bench as B
 from attnscale.measure import inspection as I
 from attnscale.measure import montecarlo
+from attnscale.util.validate import check_input_file, check_output_folder
 
 BENCH_COLUMNS = ("score", "N", "causal", "fwd ms", "fwd+bwd ms", "SDPA ms", "× SDPA", "naive ms",
                  "naive/ours", "GFLOP/s", "% peak", "peak MB")
@@ -72,7 +73,7 @@ def theory(
     seed: Annotated[int, typer.Option(help="Monte Carlo seed.")] = 0,
 ) -> None:
     """Exact theory next to Monte Carlo: logit std, entropy, max weight, effective keys, ‖J‖."""
-    folder = output_folder(plot, "--plot") if plot is not None else None
+    folder = check_output_folder("--plot", plot) if plot is not None else None
     with console.status("theory and Monte Carlo"):
         rows = montecarlo.theory_table(seed=seed, samples=samples)
     if folder is not None:
@@ -109,9 +110,9 @@ def inspect_command(
     if text is not None and sentence:
         raise ValueError("give --text or --sentence, not both")
     if text is not None:
-        input_file(text, "--text")
+        check_input_file("--text", text)
     if plot is not None:
-        output_folder(plot, "--plot")
+        check_output_folder("--plot", plot)
     sentences = I.sentences_from_file(text) if text is not None else (sentence or None)
     with console.status(f"inspecting {model}"):
         result = I.inspect_model(model, sentences, max_tokens=max_tokens)

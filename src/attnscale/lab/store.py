@@ -41,6 +41,7 @@ from typing import Any
 
 from attnscale.util.jsonio import dumps, jsonable
 from attnscale.util.provenance import git_revision, versions
+from attnscale.util.validate import check_output_folder
 
 STATUSES = ("queued", "running", "done", "diverged", "failed")
 FINISHED = ("done", "diverged")
@@ -373,10 +374,7 @@ def _check_path(path: Path) -> None:
         with path.open("rb") as f:
             if f.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
                 raise ValueError(f"db: {path} is not a SQLite database")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"db: cannot create the folder of {path} ({e.strerror})") from None
+    check_output_folder("db", path.parent)
 
 
 def _run_dict(row: sqlite3.Row) -> dict[str, Any]:

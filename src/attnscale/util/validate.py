@@ -7,7 +7,9 @@ number); arrays (the theory functions accept numpy broadcasting) through numpy.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
@@ -88,3 +90,36 @@ def check_array(
         bound = "" if minimum is None else f" {'>' if strict else '>='} {minimum:g}"
         raise ValueError(f"{name} must be {kind}{bound}; got {value!r}")
     return arr
+
+
+def check_input_file(name: str, path: str | os.PathLike) -> Path:
+    """``path`` if it is an existing regular file, else ValueError naming ``name``."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{name}: {path} is a directory, not a file")
+    if not p.is_file():
+        raise ValueError(f"{name}: no file at {path}")
+    return p
+
+
+def check_output_folder(name: str, path: str | os.PathLike) -> Path:
+    """``path`` created if needed and writable, else ValueError naming ``name``."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{name}: {path} is a file, not a folder")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{name}: cannot create the folder {path} ({e.strerror})") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}: the folder {path} is not writable")
+    return p
+
+
+def check_output_file(name: str, path: str | os.PathLike) -> Path:
+    """``path`` if a file can be written there (its folder is created), else ValueError."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{name}: {path} is a directory, not a file")
+    check_output_folder(name, p.parent)
+    return p
