@@ -23,11 +23,12 @@ import time
 import torch
 
 from attnscale.measure import native
-from attnscale.measure.inspection import _load, resolve_model_dir
+from attnscale.measure.inspection import load_model, resolve_model_dir
 from attnscale.measure.monitor import Monitor
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line: batch size, repeats and the monitor's mode."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=10)
@@ -36,10 +37,15 @@ def main() -> None:
     parser.add_argument("--no-native", action="store_true",
                         help="with --compile: the torch.compile path, as where the native "
                              "kernel cannot be built")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    """Time plain and monitored passes, interleaved; print the result as JSON."""
+    args = parse_args()
     if args.no_native:
         native.fused_kernel = lambda: None
-    model, _ = _load(resolve_model_dir("minilm"))
+    model, _ = load_model(resolve_model_dir("minilm"))
     g = torch.Generator().manual_seed(0)
     inputs = {
         "input_ids": torch.randint(1000, 20000, (args.batch, 128), generator=g),

@@ -118,7 +118,7 @@ def plain_copy(model: GPT) -> PlainGPT:
 def step_flops(cfg: TrainConfig, vocab_size: int, seq_len: int) -> float:
     """Model FLOPs of one training step (module docstring)."""
     d, b, t = cfg.d_model, cfg.batch_size, seq_len
-    weights = cfg.n_layers * (4 * d * d + (8 * d * d if cfg.use_mlp else 0)) + d * vocab_size
+    weights = cfg.n_layers * (4 * d * d + (8 * d * d if cfg.mlp else 0)) + d * vocab_size
     attn = cfg.n_layers * 4 * b * t * t * d * 0.5
     return 3 * (2 * b * t * weights + attn)
 

@@ -1,9 +1,10 @@
 """The command line: bad input is one line on stderr and exit status 2, never a traceback.
 
 The table holds bad command lines for every command: unknown options and values, a file that
-is not SQLite, a directory where a file is expected, a missing file, and an output folder that
-cannot be written (a path under a regular file: the tests may run as root, who can write into
-read-only folders).
+is not SQLite, a SQLite database that another program made, a directory where a file is
+expected, a missing file, and an output folder that cannot be written (a path under a regular
+file: the tests may run as root, who can write into read-only folders). ``ATTNSCALE_DEBUG=1``
+adds the traceback in every error branch and keeps the exit status.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from attnscale.cli import app, lab
 from attnscale.cli import run as cli_run
 from attnscale.lab.store import Store
 from attnscale.lab.tasks import TASKS
+from attnscale.measure.montecarlo import table_scores
 
 SWEEP = """
 [base]
@@ -56,7 +58,8 @@ BAD = [
     ("train --lr -1", "lr"),
     ("train --score cosinus", "score"),
     ("train --steps x", "--steps"),
-    ("train --task text --text {dir} --steps 1", "text"),
+    ("train --task text --text {dir} --steps 1", "--text: {dir} is a directory"),
+    ("train --task text --text {binary} --steps 1", "binary"),
     ("train --task text --text {missing} --steps 1", "text"),
     ("sweep {dir} --db {tmp}/runs.db", "directory"),
     ("sweep {missing} --db {tmp}/runs.db", "no file"),
@@ -65,12 +68,14 @@ BAD = [
     ("sweep {toml} --db {file}", "db"),
     ("sweep {toml} --db {dir}", "db"),
     ("sweep {toml} --db {file}/runs.db", "db"),
+    ("sweep {toml} --db {foreign}", "{foreign} is not an attnscale results database"),
     ("sweep {toml} --db {tmp}/runs.db --executor nope", "executor"),
     ("sweep {toml} --db {tmp}/runs.db --workers 0", "--workers"),
     ("sweep {toml}", "--db"),
     ("results --db {file}", "db"),
     ("results --db {dir}", "directory"),
     ("results --db {missing}", "no file"),
+    ("results --db {foreign}", "{foreign} is not an attnscale results database"),
     ("results --db {db} --csv {dir}", "--csv"),
     ("results --db {db} --csv {file}/runs.csv", "--csv"),
     ("results --db {db} --parquet {dir}", "--parquet"),
@@ -79,6 +84,7 @@ BAD = [
     ("results", "--db"),
     ("report --db {file} --out {tmp}/report", "db"),
     ("report --db {dir} --out {tmp}/report", "db"),
+    ("report --db {foreign} --out {tmp}/report", "not an attnscale results database"),
     ("report --out {file}/report", "--out"),
     ("report --out {file}", "--out"),
     ("report --quick --full", "one preset"),
@@ -88,8 +94,12 @@ BAD = [
 
 @pytest.fixture
 def paths(tmp_path: Path) -> dict[str, str]:
-    """A regular text file, a folder, a missing path, a binary file, a sweep, an empty store."""
+    """A regular text file, a folder, a missing path, a binary file, a sweep, an empty store,
+    and a SQLite database of another program."""
     (tmp_path / "f.txt").write_text("hello, not a database\n")
+    with sqlite3.connect(tmp_path / "other.db") as conn:
+        conn.execute("CREATE TABLE songs (title TEXT)")
+    conn.close()
     (tmp_path / "folder").mkdir()
     (tmp_path / "blob.bin").write_bytes(b"\x00\xff\xfe binary")
     (tmp_path / "sweep.toml").write_text(SWEEP)
@@ -99,21 +109,58 @@ def paths(tmp_path: Path) -> dict[str, str]:
         "tmp": str(tmp_path), "file": str(tmp_path / "f.txt"), "dir": str(tmp_path / "folder"),
         "missing": str(tmp_path / "missing.txt"), "binary": str(tmp_path / "blob.bin"),
         "toml": str(tmp_path / "sweep.toml"), "db": str(tmp_path / "empty.db"),
+        "foreign": str(tmp_path / "other.db"),
     }
 
 
 def assert_one_error_line(code: int, stderr: str, words: str) -> None:
+    """Exit 2 and stderr exactly one line, ``error: ...`` with ``words``: no blank lines."""
     assert code == 2, stderr
     assert "Traceback" not in stderr
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 1, repr(stderr)
     assert lines[0].startswith("error: ") and words in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("line,words", BAD, ids=[line for line, _ in BAD])
-def test_bad_command_line_is_one_line_exit_2(line, words, paths, capsys):
+def test_bad_command_line_is_one_line_exit_2(line, words, paths, capsys, monkeypatch):
+    monkeypatch.delenv("ATTNSCALE_DEBUG", raising=False)
     code = cli_run(line.format(**paths).split())
-    assert_one_error_line(code, capsys.readouterr().err, words)
+    assert_one_error_line(code, capsys.readouterr().err, words.format(**paths))
+
+
+def raise_in_results(monkeypatch, error: BaseException) -> None:
+    def broken(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(lab.St, "Store", broken)
+
+
+@pytest.mark.parametrize(
+    "line,error,code,last",
+    [
+        ("results --db {file}", None, 2, "error: db: "),  # ValueError from the store
+        ("bench --bogus", None, 2, "error: No such option"),  # typer's usage error
+        ("results --db {db}", sqlite3.OperationalError("disk I/O error"), 2,
+         "error: disk I/O error"),
+        ("results --db {db}", RuntimeError("boom"), 2, "error: RuntimeError: boom"),
+        ("results --db {db}", EOFError(), 130, "aborted"),  # typer's Abort
+    ],
+    ids=["value-error", "usage-error", "sqlite-error", "other-error", "abort"],
+)
+def test_debug_shows_the_traceback_in_every_branch(line, error, code, last, paths, capsys,
+                                                   monkeypatch):
+    if error is not None:
+        raise_in_results(monkeypatch, error)
+    monkeypatch.setenv("ATTNSCALE_DEBUG", "1")
+    assert cli_run(line.format(**paths).split()) == code
+    err = capsys.readouterr().err.lstrip("\n")  # typer ends the line before an Abort
+    assert err.startswith("Traceback (most recent call last):"), err
+    assert err.splitlines()[-1].startswith(last), err
+    monkeypatch.delenv("ATTNSCALE_DEBUG")
+    assert cli_run(line.format(**paths).split()) == code
+    err = capsys.readouterr().err.lstrip("\n")
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and err.startswith(last), err
 
 
 def test_the_table_covers_every_command():
@@ -137,6 +184,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     "line,words",
     [
         ("results --db {file}", "db"),
+        ("results --db {foreign}", "not an attnscale results database"),
         ("sweep {toml} --db {dir}", "db"),
         ("theory --plot {file}/figs", "--plot"),
         ("bench --bogus", "No such option"),
@@ -149,10 +197,8 @@ def test_the_real_entry_point(line, words, paths):
 
 def test_not_sqlite_is_caught_even_when_the_store_lets_it_through(paths, capsys, monkeypatch):
     """main() turns any sqlite3 error into one line, whichever layer raised it."""
-    def broken(*args, **kwargs):
-        raise sqlite3.DatabaseError("file is not a database")
-
-    monkeypatch.setattr(lab.St, "Store", broken)
+    monkeypatch.delenv("ATTNSCALE_DEBUG", raising=False)
+    raise_in_results(monkeypatch, sqlite3.DatabaseError("file is not a database"))
     code = cli_run(["results", "--db", paths["file"]])
     assert_one_error_line(code, capsys.readouterr().err, "file is not a database")
 
@@ -168,11 +214,13 @@ def test_theory_json_rows():
     out = run("theory", "--json", "--samples", "50")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["rows"]
-    assert {r["score"] for r in rows} == {"dot", "scaled_dot", "cosine_tau1", "cosine_tau10"}
+    scores = set(table_scores())  # every registered score with exact theory
+    assert {r["score"] for r in rows} == scores
+    assert {"dot", "scaled_dot", "cosine_tau1", "cosine_tau10"} <= scores
     assert {r["d"] for r in rows} == {16, 64, 256, 1024}
     assert {r["n"] for r in rows} == {64, 512, 4096}
     assert set(rows[0]) == {"score", "d", "n", "quantity", "theory", "mc_mean", "mc_se"}
-    assert len(rows) == 4 * 4 * 3 * 5
+    assert len(rows) == len(scores) * 4 * 3 * 5
 
 
 @pytest.mark.slow

@@ -1,9 +1,11 @@
-"""The package's shape: layers import only downward, no cycles, no private names across modules,
-and every module and function stays small enough to read."""
+"""The package's shape: layers import only downward, no cycles, no private names across modules
+(imported or reached as ``module._name``), and every module and function stays small enough to
+read. The benchmark scripts obey the same size and privacy rules; tests may touch privates."""
 
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +32,10 @@ def layer_of(module: str) -> int | None:
 
 
 MODULES = {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+BENCHMARKS = {
+    f"benchmarks.{p.stem}": p for p in sorted((SRC.parents[1] / "benchmarks").glob("*.py"))
+}
+CHECKED = {**MODULES, **BENCHMARKS}  # the files held to the size and privacy rules
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:
@@ -82,20 +88,91 @@ def test_no_import_cycles():
     assert not cycles, cycles
 
 
+def module_aliases(tree: ast.AST) -> dict[str, str]:
+    """Local name -> attnscale module it is bound to, for every import of a module."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("attnscale"):
+                    bound = a.asname or a.name.split(".")[0]
+                    out[bound] = a.name if a.asname else bound
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnscale"):
+            for a in node.names:
+                if f"{node.module}.{a.name}" in MODULES:
+                    out[a.asname or a.name] = f"{node.module}.{a.name}"
+    return out
+
+
+def dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of names and attributes, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def private_attributes(path: Path) -> list[tuple[str, int]]:
+    """(``module._name``, line) for every private attribute reached through an attnscale
+    module (or a name inside one, as in ``module.Class._name``) in ``path``."""
+    tree = ast.parse(path.read_text())
+    aliases = module_aliases(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        if node.attr.startswith("__") and node.attr.endswith("__"):
+            continue  # dunders (__version__, __name__) are public
+        base = dotted(node.value)
+        head = None if base is None else base.split(".")[0]
+        if head in aliases:
+            found.append((aliases[head] + base[len(head):] + "." + node.attr, node.lineno))
+    return found
+
+
 def test_no_private_names_across_modules():
     private = [
         f"{module}:{line} takes {name} from {target}"
-        for module, path in MODULES.items()
+        for module, path in CHECKED.items()
         for target, names, line in imports(path)
         for name in names
         if name.startswith("_") and target != module
     ]
+    private += [
+        f"{module}:{line} uses {name}"
+        for module, path in CHECKED.items()
+        for name, line in private_attributes(path)
+    ]
     assert not private, private
+
+
+def test_private_attribute_checker_sees_module_private(tmp_path):
+    """The attribute check is not vacuous: ``alias._name`` of an attnscale module is caught,
+    a dunder and a private of a local object are not."""
+    fake = tmp_path / "bench.py"
+    fake.write_text(
+        "import attnscale\n"
+        "from attnscale.measure import inspection as I\n"
+        "from attnscale.lab import store\n"
+        "I._layers({}, {}, {})\n"
+        "store.Store._check_ours\n"
+        "attnscale.core._secret\n"
+        "print(attnscale.__name__, I.load_model)\n"
+        "class A:\n    _x = 1\n"
+        "A()._x\n"
+    )
+    assert sorted(private_attributes(fake), key=lambda x: x[1]) == [
+        ("attnscale.measure.inspection._layers", 4),
+        ("attnscale.lab.store.Store._check_ours", 5),
+        ("attnscale.core._secret", 6),
+    ]
 
 
 def test_modules_and_functions_are_small():
     big = []
-    for module, path in MODULES.items():
+    for module, path in CHECKED.items():
         text = path.read_text()
         if len(text.splitlines()) > MAX_MODULE_LINES:
             big.append(f"{module}: {len(text.splitlines())} lines")
@@ -105,6 +182,10 @@ def test_modules_and_functions_are_small():
                 if length > MAX_FUNCTION_LINES:
                     big.append(f"{module}.{node.name}: {length} lines")
     assert not big, big
+
+
+def test_benchmarks_are_checked():
+    assert "benchmarks.monitor_overhead" in CHECKED and len(BENCHMARKS) >= 5
 
 
 def test_layering_checker_sees_an_upward_import(tmp_path):
@@ -132,8 +213,6 @@ OUTSIDE = ("../shared", "ANCHORS.md", "CLAIMS.md", "/work/")
 
 def test_the_project_stands_alone():
     """No file points outside the repository or at the tracker: a clone has neither."""
-    import re
-
     issue = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
     found = []
     files = [*SRC.rglob("*.py"), *SRC.rglob("*.html"), *SRC.rglob("*.cpp"), *ROOT.glob("docs/*"),

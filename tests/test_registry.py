@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnscale import attention, reference_attention
-from attnscale.audit import theory_plots
+from attnscale.audit import explorer, theory_plots
 from attnscale.core.learned import per_head_value
 from attnscale.core.nn import MultiheadSelfAttention
 from attnscale.core.scores import SCORES, Score, dot_logits, per_head, registered
@@ -141,3 +141,5 @@ score_params = [{a = 0.5}, {a = 2.0}]
 def test_figures_pick_up_its_label(toy) -> None:
     curves = theory_plots.score_curves(16, (8, 64))
     assert TOY.tex in curves and len(curves[TOY.tex]) == 2
+    page = explorer.explorer_data(n_exps=(3, 3), d_exps=(4, 4))["scores"]["toy"]
+    assert page["label"] == TOY.label and page["factor"] == [[0.25]]  # a/√d at a = 1, d = 16

@@ -70,6 +70,23 @@ def test_salience_accuracy_counts_a_missing_metric_as_zero(tmp_path):
     assert 0 < ev["chance"] < 1
 
 
+def test_length_accuracy_per_variant_and_eval_length(tmp_path):
+    with Store(tmp_path / "r.db") as s:
+        for seed, (a2, a4) in enumerate(((1.0, 0.5), (0.8, None))):
+            cfg = {"task": "length", "seq_len": 32, "pos": "none", "lr": 1e-3, "seed": seed}
+            config = resolve(cfg)
+            rid = config_id(config)
+            s.add_runs([{"id": rid, "config": config, "variant": "scaled_dot"}], sweep="length")
+            s.finish(rid, {"status": "done", "final_loss": 1.0, "history": [],
+                           "final_metrics": {"n=64": {"metric": a2}, "n=128": {"metric": a4},
+                                             "train": {"metric": 1.0}}})
+        ev = E.evidence_length(s)
+    acc = ev["accuracy"]["scaled_dot"]
+    assert set(acc) == {"n=64", "n=128"} and acc["n=64"]["mean"] == pytest.approx(0.9)
+    assert acc["n=128"]["mean"] == pytest.approx(0.25)  # a missing metric counts as 0
+    assert len(ev["runs"]) == 2 and 0 < ev["chance"] < 1
+
+
 def test_bench_ratios():
     rows = [{"n": n, "score": sc, "causal": False, "fwdbwd_ms": ms}
             for n, sc, ms in ((256, "cosine", 3.0), (256, "scaled_dot", 2.0),

@@ -5,6 +5,7 @@ The browser end of the explorer (sampling, drawing, sliders) is tested in test_b
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -15,7 +16,7 @@ import pytest
 from scipy.interpolate import CubicSpline
 
 from attnscale.audit import explorer as ex
-from attnscale.core.scores import get_score
+from attnscale.core.scores import SCORES, Score, dot_logits, get_score, registered
 from attnscale.measure import theory as th
 
 IDS = ("explorer-d", "explorer-n", "explorer-score", "explorer-tau", "explorer-cap",
@@ -64,15 +65,17 @@ def test_gauss_grid_equals_theory(small: dict) -> None:
 def test_cosine_grid_equals_theory(small: dict) -> None:
     c = small["cosine"]
     assert c["tau"][0] == 0.25 and c["tau"][-1] == 32.0
-    for di, d in enumerate(small["d"]):
+    assert c["m"] == [3, 4, 7, 8]  # d − 1 for QK-LayerNorm, d for cosine and QK-RMSNorm
+    for d in small["d"]:
+        mi = c["m"].index(d)  # τ·cos in d dims is the cosine score
         for ni, n in enumerate(small["n"]):
             for ti in (0, 4, 9, 14):
                 tau = c["tau"][ti]
                 for q in ("entropy", "max_weight", "participation"):
                     want = th.expected_stat(q, d, n, "cosine", tau=tau)
-                    assert c[q][di][ni][ti] == pytest.approx(want, rel=1e-8), (q, d, n, tau)
+                    assert c[q][mi][ni][ti] == pytest.approx(want, rel=1e-8), (q, d, n, tau)
                 jac = th.expected_stat("rms_jacobian_norm", d, n, "cosine", tau=tau)
-                assert c["jacobian_sq"][di][ni][ti] == pytest.approx(jac**2, rel=1e-8)
+                assert c["jacobian_sq"][mi][ni][ti] == pytest.approx(jac**2, rel=1e-8)
 
 
 def test_chi_rules_are_normalised(small: dict) -> None:
@@ -90,31 +93,90 @@ def _gauss_interp(data: dict, ni: int, q: str, s: float) -> float:
     return float(spline(math.log2(min(s, grid[-1]))))
 
 
-@pytest.mark.parametrize(("score", "scale"), [("scaled_dot", 1 / 8), ("dot", 1.0),
-                                               ("mup", get_score("mup").defaults["c"] / 64)])
-def test_chi_average_of_grid_matches_expected_stat(one_point: dict, score: str,
-                                                   scale: float) -> None:
-    """What the page shows as "exact" for d = 64, n = 512 is expected_stat to < 2e-3."""
-    r, w = np.array(one_point["chi"]["r"][0]), np.array(one_point["chi"]["w"][0])
+def _page_exact(data: dict, score: str, q: str, tau: float = 1.0) -> float:
+    """The page's "exact" value at the grid's only (d, n), interpolated as its script does."""
+    spec = data["scores"][score]
+    if spec["law"] == "cosine":
+        t = spec["t"][0] * (tau if spec["slider"] == "tau" else 1.0)
+        row = data["cosine"][q][data["cosine"]["m"].index(spec["m"][0])][0]
+        return float(CubicSpline(np.log2(data["cosine"]["tau"]), row, bc_type="natural")(
+            math.log2(t)))
+    r, w = np.array(data["chi"]["r"][0]), np.array(data["chi"]["w"][0])
+    return float(np.dot(w, [_gauss_interp(data, 0, q, ri * spec["factor"][0][0]) for ri in r]))
+
+
+@pytest.mark.parametrize("score", th.stat_scores())
+def test_page_exact_matches_expected_stat(one_point: dict, score: str) -> None:
+    """What the page shows as "exact" for d = 64, n = 512 is expected_stat to < 5e-3, for every
+    score with exact theory (c·q·k through the χ average, t·cos through the cosine grid)."""
+    assert one_point["scores"][score]["exact"]
     for q in ("entropy", "max_weight", "participation"):
-        values = [_gauss_interp(one_point, 0, q, ri * scale) for ri in r]
-        mix = float(np.dot(w, values))
-        assert mix == pytest.approx(th.expected_stat(q, 64, 512, score), rel=2e-3), q
+        want = th.expected_stat(q, 64, 512, score)
+        assert _page_exact(one_point, score, q) == pytest.approx(want, rel=5e-3), q
 
 
 def test_cosine_interpolation_between_grid_points(one_point: dict) -> None:
-    c = one_point["cosine"]
     for tau in (1.2, 10.0, 20.0):
         for q in ("entropy", "max_weight", "participation"):
-            spline = CubicSpline(np.log2(c["tau"]), c[q][0][0], bc_type="natural")
             want = th.expected_stat(q, 64, 512, "cosine", tau=tau)
-            assert float(spline(math.log2(tau))) == pytest.approx(want, rel=5e-3), (q, tau)
+            got = _page_exact(one_point, "cosine", q, tau)
+            assert got == pytest.approx(want, rel=5e-3), (q, tau)
 
 
-def test_labels_and_constants_come_from_the_registry(small: dict) -> None:
-    assert {name: get_score(name).label for name in ex.PAGE_SCORES} == ex.SCORES
-    assert small["mup_c"] == get_score("mup").defaults["c"]
+def test_every_score_with_a_theory_hook_is_on_the_page(small: dict) -> None:
+    hooked = [name for name, sc in SCORES.items() if sc.dot_factor or sc.cosine_law]
+    assert ex.page_scores() == tuple(hooked)
+    assert set(hooked) >= {"qk_layernorm", "qk_rmsnorm", "log_length", "softcap"}
+    assert list(small["scores"]) == hooked
+
+
+def test_score_data_comes_from_the_registry(small: dict) -> None:
+    p = {name: get_score(name).defaults for name in small["scores"]}
+    for name, spec in small["scores"].items():
+        sc = get_score(name)
+        assert spec["label"] == sc.label
+        assert spec["exact"] == sc.has_theory
+        if spec["law"] == "gauss":
+            want = [[sc.dot_factor(d, n, p[name]) for n in small["n"]] for d in small["d"]]
+            assert np.allclose(spec["factor"], want, rtol=1e-8), name
+        else:
+            unit = {**p[name], "tau": 1.0} if spec["slider"] == "tau" else p[name]
+            laws = [sc.cosine_law(d, unit) for d in small["d"]]
+            assert spec["m"] == [m for m, _ in laws]
+            assert np.allclose(spec["t"], [t for _, t in laws])
+    assert small["scores"]["cosine"]["slider"] == "tau"
+    assert small["scores"]["qk_layernorm"]["slider"] is None
+    assert small["scores"]["softcap"]["slider"] == "cap"
+    assert small["scores"]["softcap"]["mod"] == "softcap"
     assert small["defaults"]["cap"] == get_score("softcap").defaults["cap"]
+    assert small["defaults"]["tau"] == get_score("cosine").defaults["tau"]
+
+
+def _toy_prepare(q, k, scale, p, ctx):
+    return q, k, 0.5 / math.sqrt(ctx.head_dim)
+
+
+TOY = Score(
+    name="toy_half", summary="q·k/(2√d) (a test score)", label="toy: q·k/(2√d)",
+    prepare=_toy_prepare, formula=lambda q, k, scale, p, ctx: dot_logits(q, k) * 0.5 / math.sqrt(
+        q.shape[-1]), dot_factor=lambda d, n, p: 0.5 / math.sqrt(d),
+)
+UNKNOWN_MOD = Score(
+    name="toy_clip", summary="a mod the page cannot draw (a test score)", defaults={"cap": 2.0},
+    prepare=_toy_prepare, formula=lambda q, k, scale, p, ctx: dot_logits(q, k).clamp(-2, 2),
+    mod=lambda z, p: z.clamp_(-p["cap"], p["cap"]), mod_grad=lambda f, p: (f.abs() < 2.0) * 1.0,
+    dot_factor=lambda d, n, p: 1.0 / math.sqrt(d),
+)
+
+
+def test_a_registered_score_appears_with_no_other_edit() -> None:
+    with registered(TOY), registered(UNKNOWN_MOD):
+        data = ex.explorer_data(n_exps=(3, 3), d_exps=(2, 2))
+        assert "toy_half" in ex.page_scores() and "toy_clip" not in ex.page_scores()
+        html = ex.render_explorer(data)
+    assert data["scores"]["toy_half"]["factor"] == [[0.25]]
+    assert '<option value="toy_half">toy: q·k/(2√d)</option>' in html
+    assert "toy_half" not in ex.explorer_data(n_exps=(3, 3), d_exps=(2, 2))["scores"]
 
 
 def test_data_is_a_fresh_copy(small: dict) -> None:
@@ -123,10 +185,20 @@ def test_data_is_a_fresh_copy(small: dict) -> None:
     assert ex.explorer_data(n_exps=(3, 4), d_exps=(2, 3))["gauss"]["entropy"][0][0] > 0
 
 
-@pytest.mark.parametrize("bad", [(0, 3), (3, 2), (1, 17), (1.5, 3)])
+@pytest.mark.parametrize("bad", [(0, 3), (3, 2), (1, 17), (1, 2, 3)])
 def test_bad_grid_is_rejected(bad: tuple) -> None:
     with pytest.raises(ValueError, match="n_exps"):
         ex.explorer_data(n_exps=bad)
+
+
+def test_non_integer_grid_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match=r"n_exps\[0\] must be an int"):
+        ex.explorer_data(n_exps=(1.5, 3))
+
+
+def test_data_of_another_schema_is_recomputed(small: dict) -> None:
+    embedded = _embedded(ex.render_explorer({**small, "schema": 1}))
+    assert embedded["schema"] == ex.SCHEMA and embedded["n"] == ex.explorer_data()["n"]
 
 
 @pytest.mark.slow
@@ -155,7 +227,7 @@ def test_fragment_has_controls_and_outputs(small: dict) -> None:
         assert f'<label for="explorer-{slider}">' in html
         assert f'<output id="explorer-{slider}-value" for="explorer-{slider}">' in html
     assert '<label for="explorer-score">' in html and '<label for="explorer-seed">' in html
-    for score in ex.SCORES:
+    for score in small["scores"]:
         assert f'<option value="{score}"' in html
     assert html.count("<canvas") == 2
 
@@ -181,9 +253,10 @@ def test_script_breakout_is_inert(small: dict) -> None:
     assert _embedded(html)["note"] == EVIL  # still the same string once parsed
 
 
-def test_markup_is_autoescaped(monkeypatch: pytest.MonkeyPatch, small: dict) -> None:
-    monkeypatch.setitem(ex.SCORES, "dot", "<b onmouseover=alert(1)>dot</b>")
-    html = ex.render_explorer(small)
+def test_markup_is_autoescaped(small: dict) -> None:
+    data = copy.deepcopy(small)
+    data["scores"]["dot"]["label"] = "<b onmouseover=alert(1)>dot</b>"
+    html = ex.render_explorer(data)
     assert "<b onmouseover" not in html and "&lt;b onmouseover=alert(1)&gt;" in html
 
 

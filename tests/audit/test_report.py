@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
+import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -83,11 +86,24 @@ def test_html_escapes_every_string():
     assert "&lt;script&gt;alert(" in html
 
 
-def test_bad_preset_and_workers(tmp_path):
+def test_the_evidence_on_the_page_is_strict_json():
+    entry = {"id": "C1", "claim": "c", "measures": "m", "verdict": "supported", "rule": "r",
+             "because": "b", "thread_wrong": "", "evidence": {"x": math.nan, "y": [1.5]},
+             "numbers": {}, "figures": [], "runs": []}
+    report = {"claims": [entry], "questions": [], "preset": "tiny", "git_rev": "abc",
+              "versions": {"attnscale": "0"}, "elapsed_s": 1.0, "n_runs": 0, "bench": []}
+    html = render.render_html(report, "")
+    quoted = '&#34;x&#34;: '  # the page escapes the JSON's quotes
+    assert quoted + "null" in html and quoted + "NaN" not in html
+
+
+def test_bad_preset_workers_and_executor(tmp_path):
     with pytest.raises(ValueError, match="preset must be one of"):
         R.build_report("huge", out=tmp_path)
     with pytest.raises(ValueError, match="workers"):
         R.build_report("tiny", out=tmp_path, workers=0)
+    with pytest.raises(ValueError, match="executor must be one of local, ray"):
+        R.build_report("tiny", out=tmp_path, executor="slurm")
 
 
 def test_out_and_db_that_cannot_be_used(tmp_path):
@@ -101,6 +117,12 @@ def test_out_and_db_that_cannot_be_used(tmp_path):
         R.build_report("tiny", out=tmp_path / "report", db=blocker)
     with pytest.raises(ValueError, match=r"^db: .*some_file.txt is a file, not a folder"):
         R.build_report("tiny", out=tmp_path / "report", db=blocker / "results.db")
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE songs (title TEXT)")
+    conn.close()
+    with pytest.raises(ValueError, match=r"^db: .*other.db is not an attnscale results database"):
+        R.build_report("tiny", out=tmp_path / "report", db=other)
 
 
 def test_cli_rejects_two_presets():
@@ -111,8 +133,6 @@ def test_cli_rejects_two_presets():
 
 def test_report_page_in_a_real_browser(tiny, tmp_path, browser):
     """Headless Chromium: no console errors, every figure renders, sliders update numbers."""
-    import os
-
     out, _, _ = tiny
     shot = Path(os.environ.get("ATTNSCALE_SCREENSHOT_DIR", tmp_path)) / "report.png"
     result = browser.check(out / "index.html", shot)

@@ -28,3 +28,12 @@ def test_score_curves_use_registry_labels_and_exact_theory() -> None:
     scaled = curves[get_score("scaled_dot").tex]
     assert scaled[0] == pytest.approx(th.expected_stat("entropy", 16, 8, "scaled_dot")
                                       / math.log(8))
+
+
+@pytest.mark.slow
+def test_theory_command_draws_every_score(tmp_path) -> None:
+    from attnscale import cli
+
+    assert cli.run(["theory", "--plot", str(tmp_path), "--samples", "10", "--json"]) == 0
+    for name in ("entropy_vs_scale", "phase_diagram", "score_entropy"):
+        assert (tmp_path / f"{name}.png").read_bytes()[:8] == PNG, name

@@ -9,7 +9,7 @@ import torch
 
 from attnscale import SCORES, reference_attention
 from attnscale.core.learned import qknorm_g0
-from attnscale.core.nn import SWIN_INIT, MultiheadSelfAttention, temperatures
+from attnscale.core.nn import SWIN_INIT, MultiheadSelfAttention, check_sizes, temperatures
 
 
 def test_rope_keeps_norms_and_makes_scores_relative():
@@ -138,7 +138,7 @@ def test_learned_parameters_come_from_the_registry():
     [
         ({"d_model": 10, "n_heads": 4}, "divisible by n_heads"),
         ({"d_model": 16, "n_heads": 4, "n_kv_heads": 3}, "multiple of n_kv_heads"),
-        ({"d_model": 16, "n_heads": 0}, "n_heads must be a positive integer"),
+        ({"d_model": 16, "n_heads": 0}, r"n_heads must be an int in \[1, None\]; got 0"),
         ({"d_model": 16, "n_heads": 4, "score": "nope"}, "score must be one of"),
         ({"d_model": 16, "n_heads": 4, "score": "cosine", "tau": -1.0}, "tau must be > 0"),
         ({"d_model": 16, "n_heads": 4, "temperature": "swin"}, "needs score='cosine'"),
@@ -155,6 +155,27 @@ def test_learned_parameters_come_from_the_registry():
 def test_bad_module_config(kwargs, words):
     with pytest.raises(ValueError, match=words):
         MultiheadSelfAttention(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,new",
+    [
+        ({"score": "qk_layernorm", "norm_affine": False}, "learn="),
+        ({"score": "log_length", "learn_s": False}, "learn="),
+        ({"score": "cosine", "temperature": "qknorm", "qknorm_length": 72}, "seq_len="),
+    ],
+)
+def test_old_keywords_name_their_replacement(kwargs, new):
+    old = next(k for k in kwargs if k not in ("score", "temperature"))
+    with pytest.raises(TypeError, match=rf"no longer takes {old}=; use {new} instead"):
+        MultiheadSelfAttention(16, 4, **kwargs)
+
+
+@pytest.mark.parametrize("value", [True, 2.0, "2"])
+def test_sizes_must_be_ints(value):
+    with pytest.raises(TypeError, match="n_kv_heads must be an int"):
+        check_sizes(16, 4, value)
+    check_sizes(16, 4, 2)  # a valid layout passes
 
 
 def test_bad_module_input():

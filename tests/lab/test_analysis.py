@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from attnscale.core.scores import SCORES, get_score
+from attnscale.core.scores import SCORES
 from attnscale.lab import analysis as A
 
 
@@ -124,10 +125,6 @@ def test_initial_loss_from_first_history_row():
         A.loss_by_lr([{**r, "history": []}])
 
 
-def label(name):
-    return getattr(get_score(name), "label", None) or name
-
-
 def test_score_knobs_come_from_the_registry():
     for name, score in SCORES.items():
         knobs = A.score_knobs(name)
@@ -135,25 +132,37 @@ def test_score_knobs_come_from_the_registry():
     assert A.score_knobs("no-such-score") == ()
 
 
-def test_group_keys():
-    assert A.group_key(run(1e-3, 1.0, score="cosine", tau=10.0)) == f"{label('cosine')} tau=10"
-    assert A.group_key(run(1e-3, 1.0, score="cosine", temperature="swin")) == (
-        f"{label('cosine')} swin"
-    )
-    assert A.group_key(run(1e-3, 1.0, score="softcap", cap=None)) == label("softcap")
+def test_group_keys_are_the_score_name_and_its_non_default_settings():
+    assert A.group_key(run(1e-3, 1.0, score="cosine", tau=10.0)) == "cosine tau=10"
+    assert A.group_key(run(1e-3, 1.0, score="cosine", tau=10)) == "cosine tau=10"
+    assert A.group_key(run(1e-3, 1.0, score="cosine", tau=1.0)) == "cosine"  # the default
+    assert A.group_key(run(1e-3, 1.0, score="cosine", temperature="swin")) == "cosine swin"
+    assert A.group_key(run(1e-3, 1.0, score="softcap", cap=None)) == "softcap"
     assert A.group_key(run(1e-3, 1.0, score="softcap", cap=5.0, scale=0.5)) == (
-        f"{label('softcap')} cap=5 scale=0.5"
+        "softcap cap=5 scale=0.5"
     )
-    assert A.group_key(run(1e-3, 1.0, score="dot", scale=0.5)) == label("dot")  # no scale knob
+    assert A.group_key(run(1e-3, 1.0, score="dot", scale=0.5)) == "dot"  # no scale knob
+    assert A.group_key(run(1e-3, 1.0, score="log_length", score_params={"s": 2.0})) == (
+        "log_length s=2"
+    )
+    assert A.group_key(run(1e-3, 1.0, score="no-such-score", tau=3.0)) == "no-such-score"
     assert A.group_key(run(1e-3, 1.0, variant="my-variant")) == "my-variant"
     runs = [
         run(1e-3, 1.0, score="dot"),
         run(1e-3, 1.0, score="dot", d_model=128),
         run(1e-3, 1.0, score="mup", c=8.0),
+        run(1e-3, 1.0, score="mup", c=4.0),
         run(1e-3, 1.0, status="failed"),
     ]
     groups = A.group_runs(runs, by=["d_model"])
-    assert list(groups) == [(64, label("dot")), (128, label("dot")), (64, f"{label('mup')} c=8")]
+    assert list(groups) == [(64, "dot"), (128, "dot"), (64, "mup"), (64, "mup c=4")]
+
+
+def test_group_keys_ignore_the_display_label(monkeypatch):
+    """Relabelling a score for tables and figures must not regroup stored runs."""
+    relabelled = dataclasses.replace(SCORES["cosine"], label="something else")
+    monkeypatch.setitem(SCORES, "cosine", relabelled)
+    assert A.group_key(run(1e-3, 1.0, score="cosine", tau=10.0)) == "cosine tau=10"
 
 
 def test_max_logit_curve_and_peak(grid):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import sqlite3
@@ -12,7 +11,7 @@ import textwrap
 
 import pytest
 
-from attnscale.lab.store import Store, flat_row, write_csv, write_parquet
+from attnscale.lab.store import Store
 
 
 def result(status="done", n=3, loss=1.0):
@@ -159,6 +158,51 @@ def test_a_text_file_is_not_a_database(tmp_path):
         assert s.counts()["queued"] == 0
 
 
+def foreign_database(path, schema):
+    """A SQLite file made by another program; returns its bytes, to prove it stays untouched."""
+    with sqlite3.connect(path) as conn:
+        conn.executescript(schema)
+    conn.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        "CREATE TABLE songs (title TEXT, artist TEXT); INSERT INTO songs VALUES ('a', 'b');",
+        "CREATE TABLE runs (id TEXT PRIMARY KEY, name TEXT); INSERT INTO runs VALUES ('1', 'x');",
+        "CREATE TABLE metrics (run_id TEXT, idx INTEGER);",  # ours in name only, no runs
+    ],
+    ids=["other-tables", "runs-without-our-columns", "no-runs-table"],
+)
+def test_a_foreign_sqlite_database_is_refused_and_left_alone(tmp_path, schema):
+    path = tmp_path / "other.db"
+    before = foreign_database(path, schema)
+    with pytest.raises(ValueError, match=r"^db: .*other\.db is not an attnscale results database$"):
+        Store(path)
+    assert path.read_bytes() == before  # not even switched to WAL mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+
+
+def test_an_empty_sqlite_database_gets_the_tables(tmp_path):
+    path = tmp_path / "blank.db"
+    foreign_database(path, "PRAGMA user_version = 0;")  # a valid SQLite file with no tables
+    with Store(path) as s:
+        assert s.add_runs([{"id": "a", "config": {}}]) == 1
+    with Store(path) as s:  # and it is ours from then on
+        assert s.counts()["queued"] == 1
+
+
+def test_an_older_database_of_ours_gains_the_new_column(tmp_path):
+    path = tmp_path / "old.db"
+    with Store(path) as s:
+        s.add_runs([{"id": "a", "config": {}}])
+        s.conn.execute("ALTER TABLE runs DROP COLUMN final_metrics")
+    with Store(path) as s:
+        columns = {row[1] for row in s.conn.execute("PRAGMA table_info(runs)")}
+        assert "final_metrics" in columns and s.get("a")["status"] == "queued"
+
+
 def test_a_directory_is_not_a_database(tmp_path):
     with pytest.raises(ValueError, match=r"^db: .* is a directory"):
         Store(tmp_path)
@@ -207,32 +251,3 @@ def test_concurrent_writers(tmp_path):
         assert s.counts()["done"] == 200
         assert set(s.metric_counts().values()) == {20}
         assert s.integrity_check() == "ok"
-
-
-def test_csv_export(store, tmp_path):
-    store.finish("a", result())
-    store.fail("b", "ValueError: boom\n\ntraceback")
-    path = tmp_path / "runs.csv"
-    assert write_csv(store.runs(), path) == 3
-    rows = list(csv.DictReader(path.open()))
-    assert [r["id"] for r in rows] == ["a", "b", "c"]
-    assert rows[0]["config.score"] == "dot" and float(rows[0]["final_loss"]) == 1.0
-    assert rows[1]["error"] == "ValueError: boom"
-
-
-def test_flat_row_nested_config():
-    row = flat_row({"id": "x", "config": {"eval_multipliers": [1, 2]}})
-    assert row["config.eval_multipliers"] == "[1, 2]"
-
-
-def test_parquet_needs_pyarrow(store, tmp_path):
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        try:
-            import pandas  # noqa: F401
-        except ImportError:
-            with pytest.raises(ValueError, match="install pyarrow"):
-                write_parquet(store.runs(), tmp_path / "r.parquet")
-            return
-    assert write_parquet(store.runs(), tmp_path / "r.parquet") == 3

@@ -175,11 +175,36 @@ def test_bad_specs_raise_one_line_value_errors(text, words):
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, text, words):
     db = tmp_path / "runs.db"
     out = cli("sweep", str(write(tmp_path, text)), "--db", str(db))
+    assert_one_error_line(out, words)
+    assert not db.exists()
+
+
+def assert_one_error_line(out: subprocess.CompletedProcess, words: str) -> None:
+    """Exit 2, and stderr is exactly one line: no leading blank line, no traceback."""
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0]
-    assert not db.exists()
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, repr(out.stderr)
+    assert lines[0].startswith("error: ") and words in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("kind", ["text", "foreign"])
+def test_cli_bad_db_is_one_line_exit_2(tmp_path, kind):
+    """The store refuses the file after the spec is read: the progress bar has not started,
+    so nothing but the error line reaches stderr."""
+    db = tmp_path / "other.db"
+    if kind == "text":
+        db.write_text("notes, not a database\n")
+        words = "is not a SQLite database"
+    else:
+        with sqlite3.connect(db) as conn:
+            conn.execute("CREATE TABLE songs (title TEXT)")
+        conn.close()
+        words = "is not an attnscale results database"
+    before = db.read_bytes()
+    out = cli("sweep", str(write(tmp_path, TINY + "steps = 2\n")), "--db", str(db))
+    assert_one_error_line(out, words)
+    assert db.read_bytes() == before
 
 
 def test_plan_skips_finished_and_redoes_interrupted(tmp_path):
@@ -257,8 +282,7 @@ def test_results_bad_input(tmp_path, smoke_db):
         import pyarrow  # noqa: F401
     except ImportError:
         out = cli("results", "--db", str(smoke_db), "--parquet", str(tmp_path / "r.parquet"))
-        assert out.returncode == 2 and "install pyarrow" in out.stderr
-        assert len(out.stderr.strip().splitlines()) == 1
+        assert_one_error_line(out, "install pyarrow")
 
 
 def test_ray_executor_matches_local(smoke_db, tmp_path):

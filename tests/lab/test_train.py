@@ -211,8 +211,17 @@ def test_mqar_quick_config_defaults():
     assert (task.name, task.seq_len, task.vocab_size, task.num_kv_pairs) == ("mqar", 64, 256, 4)
     model = build_model(cfg, task)
     assert model.blocks[0].mlp is None and model.config.n_heads == 1
-    assert TrainConfig(task="text").use_mlp and not TrainConfig(mlp=False, task="text").use_mlp
+    assert TrainConfig(task="text").mlp and not TrainConfig(mlp=False, task="text").mlp
+    assert not hasattr(TrainConfig(), "use_mlp")  # one name for one setting
     assert build_task(TrainConfig(num_kv_pairs=8)).num_kv_pairs == 8
+
+
+def test_config_help_takes_defaults_from_the_registry():
+    for name in ("tau", "cap", "c", "s", "eps"):
+        text = TrainConfig.model_fields[name].description
+        for sc in SCORES.values():
+            if name in sc.scalar_params():
+                assert f"{sc.name}: {sc.defaults[name]:g}" in text, (name, text)
 
 
 def test_config_round_trips():
@@ -280,7 +289,7 @@ def test_cli_train_json():
         (["--task", "nope"], "task"),
         (["--bogus", "1"], "No such option"),
         (["--steps", "x"], "--steps"),
-        (["--task", "text", "--text", "/no/such/file.txt"], "does not exist"),
+        (["--task", "text", "--text", "/no/such/file.txt"], "no file at"),
     ],
 )
 def test_cli_bad_option_is_one_line_exit_2(args, words, monkeypatch, capsys):

@@ -44,6 +44,12 @@ def test_minilm_counterfactuals_go_the_predicted_way(minilm):
     assert s["entropy_unscaled"] < s["entropy"] < s["entropy_cosine_tau1"] <= s["entropy_uniform"]
 
 
+def test_load_model_is_offline_eval_and_sdpa():
+    model, tokenizer = I.load_model(I.resolve_model_dir("minilm"))
+    assert not model.training and model.config._attn_implementation == "sdpa"
+    assert tokenizer(["a sentence"], return_tensors="pt")["input_ids"].shape[0] == 1
+
+
 def test_default_sentences_are_fixed_and_real():
     a, b = I.default_sentences(), I.default_sentences()
     assert a == b and len(a) == 64

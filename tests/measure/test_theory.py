@@ -254,9 +254,13 @@ def test_init_logit_std_values() -> None:
 
 
 def test_theory_table_rows() -> None:
-    rows = mc.theory_table(seed=0, samples=300, ds=(16,), ns=(64,))
-    assert len(rows) == 4 * len(mc.TABLE_QUANTITIES)
-    assert {r["score"] for r in rows} == {"dot", "scaled_dot", "cosine_tau1", "cosine_tau10"}
+    # 2000 queries: at 300 the skewed max weight's SE is itself too noisy for a 4-SE test
+    rows = mc.theory_table(seed=0, samples=2000, ds=(16,), ns=(64,))
+    labels = {"dot", "scaled_dot", "mup", "cosine_tau1", "cosine_tau10", "qk_layernorm",
+              "qk_rmsnorm", "log_length"}
+    assert len(rows) == len(labels) * len(mc.TABLE_QUANTITIES)
+    assert {r["score"] for r in rows} == labels
+    assert mc.table_scores()["cosine_tau10"] == ("cosine", {"tau": 10.0})
     for r in rows:
         assert set(r) == {"score", "d", "n", "quantity", "theory", "mc_mean", "mc_se"}
         est = mc.Estimate(r["mc_mean"], r["mc_se"])

@@ -106,10 +106,8 @@ def evidence_trained_logits(store: Store, n: int) -> dict[str, Any]:
 def evidence_salience(store: Store) -> dict[str, Any]:
     """C3: final accuracy per variant on the salience task, mean ± CI over seeds."""
     runs = finished_runs(store, "salience")
-    groups: dict[str, list[Run]] = {}
-    for r in runs:
-        groups.setdefault(r["variant"], []).append(r)
-    return {"accuracy": {k: analysis.metric_ci(rs).to_dict() for k, rs in groups.items()},
+    groups = analysis.group_runs(runs)  # by variant: every study run has one
+    return {"accuracy": {k: analysis.metric_ci(rs).to_dict() for (k,), rs in groups.items()},
             "chance": float(make_task("salience").chance_level),
             "runs": [r["id"] for r in runs]}
 
@@ -127,11 +125,12 @@ def evidence_length(store: Store) -> dict[str, Any]:
     """Q3: accuracy per variant at each evaluation length ``n=...``, mean ± CI over seeds."""
     runs = finished_runs(store, "length")
     acc: dict[str, dict[str, list[float]]] = {}
-    for r in runs:
-        for key, value in (r.get("final_metrics") or {}).items():
-            if key.startswith("n="):
-                metric = value.get("metric") if isinstance(value, dict) else value
-                acc.setdefault(r["variant"], {}).setdefault(key, []).append(metric or 0.0)
+    for (variant,), rs in analysis.group_runs(runs).items():  # by variant, as in every study
+        for r in rs:
+            for key, value in (r.get("final_metrics") or {}).items():
+                if key.startswith("n="):
+                    metric = value.get("metric") if isinstance(value, dict) else value
+                    acc.setdefault(variant, {}).setdefault(key, []).append(metric or 0.0)
     return {"accuracy": {v: {k: analysis.mean_ci(x).to_dict() for k, x in d.items()}
                          for v, d in acc.items()},
             "chance": float(make_task("length").chance_level),

@@ -7,7 +7,6 @@ jinja2 autoescaping, so no measured string can inject markup.
 from __future__ import annotations
 
 import base64
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from markupsafe import Markup
 
 from attnscale.audit.claims import CLAIMS, QUESTIONS, Claim
 from attnscale.audit.verdicts import DEPENDS, SUPPORTED, Evidence
-from attnscale.util.jsonio import jsonable
+from attnscale.util.jsonio import dumps, jsonable
 
 CLAIMS_DOC = "docs/claims.md"  # where the claims are stated, relative to the source tree
 
@@ -58,8 +57,9 @@ def data_uri(path: str | Path) -> str:
 def _prepare(entry: dict[str, Any]) -> dict[str, Any]:
     figs = [{"name": Path(f).name, "uri": data_uri(f)} for f in entry["figures"]
             if Path(f).exists()]
+    # strict JSON, as in report.json (written from the same entries before the page)
     return {**entry, "figure_data": figs,
-            "evidence_json": json.dumps(entry["evidence"], indent=1, default=str)[:20000]}
+            "evidence_json": dumps(entry["evidence"], indent=1)[:20000]}
 
 
 def render_html(report: dict[str, Any], explorer_html: str) -> str:
@@ -70,7 +70,7 @@ def render_html(report: dict[str, Any], explorer_html: str) -> str:
         claims=[_prepare(c) for c in report["claims"]],
         questions=[_prepare(q) for q in report["questions"]],
         preset=report["preset"], git_rev=report["git_rev"], versions=report["versions"],
-        versions_json=json.dumps(report["versions"]), elapsed_s=report["elapsed_s"],
+        versions_json=dumps(report["versions"]), elapsed_s=report["elapsed_s"],
         n_runs=report["n_runs"], bench_rows=report["bench"], claims_doc=CLAIMS_DOC,
         explorer=Markup(explorer_html),  # built by attnscale.audit.explorer with its own escaping
     )

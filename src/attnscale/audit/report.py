@@ -27,6 +27,7 @@ from attnscale.audit.evidence import collect_evidence
 from attnscale.audit.measurements import cached, measure_all
 from attnscale.audit.render import judge_all, render_html
 from attnscale.audit.studies import PRESETS, Preset, study_specs
+from attnscale.lab.executors import EXECUTORS
 from attnscale.lab.store import Store
 from attnscale.lab.sweep import SweepSpec, run_sweep
 from attnscale.util.jsonio import dumps, jsonable
@@ -34,7 +35,6 @@ from attnscale.util.provenance import git_revision, versions
 from attnscale.util.validate import check_choice, check_int, check_output_folder
 
 SCHEMA_VERSION = 1
-EXECUTORS = ("local", "ray")
 
 
 def run_studies(p: Preset, db: Path, executor: str, workers: int, address: str | None,
@@ -52,8 +52,9 @@ def run_studies(p: Preset, db: Path, executor: str, workers: int, address: str |
 
 def explorer_fragment(store: Store) -> str:
     """The interactive explorer, its theory grids cached like every other measurement."""
-    data = cached(store, "explorer", {"attnscale": versions().get("attnscale")},
-                  explorer.explorer_data)
+    key = {"attnscale": versions().get("attnscale"), "schema": explorer.SCHEMA,
+           "scores": list(explorer.page_scores())}
+    data = cached(store, "explorer", key, explorer.explorer_data)
     return explorer.render_explorer(data)
 
 

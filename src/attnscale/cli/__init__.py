@@ -1,8 +1,8 @@
 """The ``attnscale`` command line.
 
 Bad input prints one line (``error: ...``) on stderr and exits with status 2, without a
-traceback, whatever the command and whatever raised. ``ATTNSCALE_DEBUG=1`` shows the traceback
-of an error that is not a usage error.
+traceback, whatever the command and whatever raised. With ``ATTNSCALE_DEBUG=1`` every error
+branch also prints the traceback first, and the exit status stays the same.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
+import traceback
 
 import typer
 
@@ -28,6 +29,7 @@ from attnscale.cli.app import app
 __all__ = ["app", "audit", "lab", "main", "measure"]
 
 USAGE_ERROR = 2
+INTERRUPTED = 130
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,20 +44,33 @@ def run(argv: list[str] | None = None) -> int:
     except typer.Exit as e:
         code = e.exit_code
     except (typer.Abort, KeyboardInterrupt):
+        debug_traceback()
         print("aborted", file=sys.stderr)
-        code = 130
+        code = INTERRUPTED
     except (ValueError, TypeError, OSError, sqlite3.Error) as e:
+        debug_traceback()
         say(str(e) or type(e).__name__)
         code = USAGE_ERROR
     except Exception as e:
+        debug_traceback()
         if is_usage_error(e):  # unknown option, bad value, no command: typer's click says why
             say(e.format_message())
             return e.exit_code
-        if os.environ.get("ATTNSCALE_DEBUG"):
-            raise
-        say(f"{type(e).__name__}: {e} (ATTNSCALE_DEBUG=1 shows the traceback)")
+        hint = "" if debugging() else " (ATTNSCALE_DEBUG=1 shows the traceback)"
+        say(f"{type(e).__name__}: {e}{hint}")
         code = USAGE_ERROR
     return code if isinstance(code, int) else 0
+
+
+def debugging() -> bool:
+    """Whether ``ATTNSCALE_DEBUG`` is set (to anything but the empty string)."""
+    return bool(os.environ.get("ATTNSCALE_DEBUG"))
+
+
+def debug_traceback() -> None:
+    """Print the exception being handled, with its traceback, when debugging."""
+    if debugging():
+        traceback.print_exc()
 
 
 def is_usage_error(e: Exception) -> bool:

@@ -8,9 +8,12 @@ prints as one line with exit status 2.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import typer
 from rich.console import Console
+from rich.progress import Progress
 
 from attnscale.util.jsonio import dumps
 
@@ -37,3 +40,18 @@ def print_json(obj: object) -> None:
 def fmt(x: float | None, spec: str) -> str:
     """``x`` formatted with ``spec``, or "-" when missing."""
     return "-" if x is None else format(x, spec)
+
+
+@contextmanager
+def shown_from_first_report(progress: Progress) -> Iterator[Progress]:
+    """Yield ``progress`` for the command to start at its first report (first task); stop it
+    at the end if it was started.
+
+    A command that fails before its first report (bad input found while setting up) then
+    leaves stderr to its one error line: no empty bar, no blank line from stopping one.
+    """
+    try:
+        yield progress
+    finally:
+        if progress.task_ids:
+            progress.stop()

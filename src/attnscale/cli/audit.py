@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from attnscale.cli.app import app, console
+from attnscale.cli.app import app, console, shown_from_first_report
 from attnscale.lab.executors import EXECUTORS
-from attnscale.util.validate import check_output_file, check_output_folder
+from attnscale.util.validate import check_choice, check_output_file, check_output_folder
 
 VERDICT_COLORS = {"supported": "green", "refuted": "red", "depends": "yellow"}
 
@@ -36,8 +36,7 @@ def report(
               if flag]
     if len(chosen) > 1:
         raise ValueError(f"choose one preset, got {', '.join('--' + c for c in chosen)}")
-    if executor not in EXECUTORS:
-        raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    check_choice("--executor", executor, EXECUTORS)
     check_output_folder("--out", out)
     if db is not None:
         check_output_file("--db", db)
@@ -48,11 +47,13 @@ def report(
 
     def progress(name: str, counts: Any) -> None:
         total = counts.total if hasattr(counts, "total") else None
+        if not studies:
+            bars.start()
         if name not in studies:
             studies[name] = bars.add_task(f"study {name}", total=total)
         bars.update(studies[name], completed=counts.finished, total=total)
 
-    with bars:
+    with shown_from_first_report(bars):
         result = R.build_report(preset, out, db, executor, workers, address,
                                 say=bars.console.log, progress=progress)
     print_verdicts(result, preset, out)

@@ -24,12 +24,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from attnscale.cli.app import app, console, fmt, print_json
+from attnscale.cli.app import app, console, fmt, print_json, shown_from_first_report
 from attnscale.lab import store as St
 from attnscale.lab import sweep as S
 from attnscale.lab import train as T
 from attnscale.lab.analysis import group_key
-from attnscale.lab.train import TrainConfig
+from attnscale.lab.config import TrainConfig
+from attnscale.lab.export import write_csv, write_parquet
 from attnscale.util.validate import check_input_file, check_output_file
 
 # Option names for TrainConfig fields whose flag is not the field name with dashes.
@@ -39,7 +40,7 @@ TRAIN_FLAGS = {"n_heads": "--heads", "n_kv_heads": "--kv-heads", "n_layers": "--
 def with_train_options(
     command: typer.models.CommandFunctionType,
 ) -> typer.models.CommandFunctionType:
-    """Add one option per ``attnscale.lab.train.TrainConfig`` field to ``command``'s signature.
+    """Add one option per ``attnscale.lab.config.TrainConfig`` field to ``command``'s signature.
 
     Every option defaults to None, meaning "the config's default", so the CLI and the config
     never disagree about defaults and a new config field is an option without further edits.
@@ -84,10 +85,13 @@ def train(
 ) -> None:
     """Train one model: attnscale train --task mqar --score cosine --tau 1 --lr 3e-3 --steps 500.
 
-    Every attnscale.lab.train.TrainConfig field is an option; unset ones take the config default.
+    Every attnscale.lab.config.TrainConfig field is an option; unset ones take the config default.
     A progress bar (stderr) shows loss and steps/s; a summary table or --json record follows.
     """
-    config = train_config({k: v for k, v in options.items() if v is not None})
+    values = {k: v for k, v in options.items() if v is not None}
+    if "text" in values:  # a folder reads "is a directory", a missing file "no file at"
+        check_input_file("--text", values["text"])
+    config = train_config(values)
     with train_progress(config.steps) as report:
         result = T.run(config, progress=report)
     if as_json:
@@ -119,14 +123,17 @@ def train_progress(total: int) -> Iterator[Callable[[int, float], None]]:
         TextColumn("loss {task.fields[loss]}  {task.fields[rate]} steps/s"),
         console=console,
     )
-    bar_id = progress.add_task("train", total=total, loss="-", rate="-")
     start = time.perf_counter()
 
     def report(done: int, loss: float) -> None:
+        if not progress.task_ids:
+            progress.start()
+            progress.add_task("train", total=total, loss="-", rate="-")
         rate = done / max(time.perf_counter() - start, 1e-9)
-        progress.update(bar_id, completed=done, loss=f"{loss:.4f}", rate=f"{rate:.1f}")
+        progress.update(progress.task_ids[0], completed=done, loss=f"{loss:.4f}",
+                        rate=f"{rate:.1f}")
 
-    with progress:
+    with shown_from_first_report(progress):
         yield report
 
 
@@ -211,16 +218,15 @@ def sweep_progress() -> Iterator[Callable[[S.Counts], None]]:
         TimeRemainingColumn(),
         console=console,
     )
-    ids: list[int] = []
-
     def report(c: S.Counts) -> None:
         fields = {"completed": c.finished, "diverged": c.diverged, "failed": c.failed}
-        if not ids:
-            ids.append(progress.add_task("sweep", total=c.total, **fields))
+        if not progress.task_ids:
+            progress.start()
+            progress.add_task("sweep", total=c.total, **fields)
         else:
-            progress.update(ids[0], **fields)
+            progress.update(progress.task_ids[0], **fields)
 
-    with progress:
+    with shown_from_first_report(progress):
         yield report
 
 
@@ -245,15 +251,16 @@ def results(
     if as_json:
         print_json(runs)
     if csv_file:
-        console.print(f"wrote {St.write_csv(runs, csv_path)} runs to {csv_path}", soft_wrap=True)
+        console.print(f"wrote {write_csv(runs, csv_file)} runs to {csv_file}", soft_wrap=True)
     if parquet_file:
-        n = St.write_parquet(runs, parquet_file)
-        console.print(f"wrote {n} runs to {parquet_path}", soft_wrap=True)
+        n = write_parquet(runs, parquet_file)
+        console.print(f"wrote {n} runs to {parquet_file}", soft_wrap=True)
     if not (as_json or csv_path or parquet_path):
         print_runs(runs)
 
 
 def print_runs(runs: list[dict]) -> None:
+    """The runs as a rich table on stdout: id, group, lr, seed, status and final numbers."""
     table = Table(title=f"{len(runs)} runs", box=box.SIMPLE_HEAD)
     for col in ("id", "score", "lr", "seed", "status", "loss", "metric", "diverged"):
         left = col in ("id", "score", "status")

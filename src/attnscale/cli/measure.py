@@ -72,7 +72,12 @@ def theory(
     samples: Annotated[int, typer.Option(min=10, help="Monte Carlo queries per cell.")] = 600,
     seed: Annotated[int, typer.Option(help="Monte Carlo seed.")] = 0,
 ) -> None:
-    """Exact theory next to Monte Carlo: logit std, entropy, max weight, effective keys, ‖J‖."""
+    """Exact theory next to Monte Carlo: logit std, entropy, max weight, effective keys, ‖J‖.
+
+    One row block per registered score with exact theory (at its defaults, and at its
+    benchmark parameters where they differ). --plot adds the entropy figures, one of them with
+    every such score.
+    """
     folder = check_output_folder("--plot", plot) if plot is not None else None
     with console.status("theory and Monte Carlo"):
         rows = montecarlo.theory_table(seed=seed, samples=samples)
@@ -81,7 +86,8 @@ def theory(
         from attnscale.audit import theory_plots
 
         for path in (theory_plots.plot_entropy_vs_scale(str(folder / "entropy_vs_scale.png")),
-                     theory_plots.plot_phase_diagram(str(folder / "phase_diagram.png"))):
+                     theory_plots.plot_phase_diagram(str(folder / "phase_diagram.png")),
+                     theory_plots.plot_score_entropy(str(folder / "score_entropy.png"))):
             console.print(f"wrote {path}")
     if as_json:
         print_json({"rows": rows})

@@ -22,12 +22,14 @@ from torch import Tensor, nn
 from attnscale.core.attention import attention
 from attnscale.core.learned import SWIN_INIT, SWIN_MAX, Shape
 from attnscale.core.scores import SCORES, Score, get_score, resolve_params
+from attnscale.util.validate import check_int
 
 __all__ = [
     "SWIN_INIT",
     "SWIN_MAX",
     "MultiheadSelfAttention",
     "apply_rope",
+    "check_sizes",
     "check_temperature",
     "temperatures",
 ]
@@ -91,8 +93,9 @@ class MultiheadSelfAttention(nn.Module):
         **score_params: Any,
     ) -> None:
         super().__init__()
+        _reject_renamed(score_params)
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        _check_sizes(d_model, n_heads, n_kv_heads)
+        check_sizes(d_model, n_heads, n_kv_heads)
         self.score = get_score(score).name
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
@@ -195,11 +198,26 @@ def apply_rope(x: Tensor, base: float = 10000.0) -> Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
-def _check_sizes(d_model: int, n_heads: int, n_kv_heads: int) -> None:
+def check_sizes(d_model: int, n_heads: int, n_kv_heads: int) -> None:
+    """Check that the head layout exists: positive ints, H divides d_model, H_kv divides H.
+
+    Raises TypeError for a non-int (``True`` included) and ValueError otherwise, naming the
+    argument.
+    """
     for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_int(name, value, minimum=1)
     if d_model % n_heads:
         raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+
+
+RENAMED = {"norm_affine": "learn", "learn_s": "learn", "qknorm_length": "seq_len"}
+"""Keywords :class:`MultiheadSelfAttention` once took, and the keyword that replaced each."""
+
+
+def _reject_renamed(score_params: dict[str, Any]) -> None:
+    """A TypeError naming the new keyword, before an old one reads as an unknown score parameter."""
+    for old, new in RENAMED.items():
+        if old in score_params:
+            raise TypeError(f"MultiheadSelfAttention() no longer takes {old}=; use {new}= instead")

@@ -59,6 +59,7 @@ from attnscale.core.score_ops import (
     per_head_weight,
     rmsnorm,
 )
+from attnscale.util.validate import check_int
 
 Params = Mapping[str, Any]
 __all__ = [
@@ -230,7 +231,7 @@ register(
             "1/√d at d = 64)"
         ),
         defaults={"c": MUP_C},
-        label=f"µP: {MUP_C:g}·q·k/d",
+        label="µP: c·q·k/d",
         tex=r"$c\,q\cdot k/d$",
         positive=("c",),
         uses_scale=False,
@@ -417,9 +418,10 @@ def _log_length_formula(q: Tensor, k: Tensor, scale: Any, p: Params, ctx: Contex
 
 
 def _keys(n: int | None) -> int:
-    if n is None or isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n (number of keys, integer >= 1) is required for log_length, got {n!r}")
-    return n
+    """The number of keys n, which the log-length law needs and cannot default."""
+    if n is None:
+        raise ValueError("n (number of keys) is required for log_length")
+    return check_int("n", n, minimum=1)
 
 
 register(

@@ -30,10 +30,10 @@ from typing import Any
 
 from scipy import stats
 
-from attnscale.core.scores import get_score
+from attnscale.core.scores import SCORES
+from attnscale.lab.store import FINISHED
 
 Run = Mapping[str, Any]
-FINISHED = ("done", "diverged")
 
 
 @dataclass(frozen=True)
@@ -70,29 +70,32 @@ def finished(runs: Iterable[Run]) -> list[Run]:
 def score_knobs(score: str) -> tuple[str, ...]:
     """The config fields that tell one variant of ``score`` from another: the registry's
     default parameters of the score, plus ``scale`` when the score uses it (none for a name
-    the registry does not know)."""
-    try:
-        sc = get_score(score)
-    except (ValueError, KeyError, TypeError):
+    the registry does not hold, such as a score registered only while its runs were made)."""
+    sc = SCORES.get(score)
+    if sc is None:
         return ()
     return (*sc.defaults, "scale") if sc.uses_scale else tuple(sc.defaults)
 
 
 def score_label(config: Mapping[str, Any]) -> str:
-    """A readable name for a config's scoring, e.g. ``cosine tau=10`` or ``cosine swin``:
-    the score's label (its name when it has none), a learned temperature mode, then every
-    knob of :func:`score_knobs` that the config sets."""
+    """The stable grouping key of a config's scoring: the score's name, its learned temperature
+    mode (if any), then each knob of :func:`score_knobs` set to a value other than the
+    registry's default, e.g. ``cosine tau=10``, ``cosine swin``, ``softcap cap=5 scale=0.5``.
+
+    A knob is read from its config field, else from ``score_params``. The registry's ``label``
+    is for display and never part of the key, so relabelling a score regroups nothing.
+    """
     name = str(config.get("score", "?"))
-    try:
-        label = getattr(get_score(name), "label", None) or name
-    except (ValueError, KeyError, TypeError):
-        label = name
-    parts = [label]
+    sc = SCORES.get(name)
+    defaults = sc.defaults if sc is not None else {}
+    extra = config.get("score_params") or {}
+    parts = [name]
     if config.get("temperature") not in (None, "fixed"):
         parts.append(str(config["temperature"]))
     for knob in score_knobs(name):
         value = config.get(knob)
-        if value is not None:
+        value = extra.get(knob) if value is None else value
+        if value is not None and value != defaults.get(knob):
             parts.append(f"{knob}={value:g}" if isinstance(value, float) else f"{knob}={value}")
     return " ".join(parts)
 

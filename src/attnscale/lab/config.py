@@ -18,14 +18,14 @@ After validation every field holds the value the run uses, so ``model_dump()`` r
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from attnscale.core.nn import check_temperature
+from attnscale.core.nn import check_sizes, check_temperature
 from attnscale.core.scores import SCORES, get_score, resolve_params
 from attnscale.lab.tasks import TASKS
+from attnscale.util.validate import check_input_file
 
 __all__ = [
     "SCORE_PARAMS",
@@ -49,6 +49,13 @@ TASK_OPTIONS = (
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "mqar": {"vocab_size": 256, "num_kv_pairs": 4, "mlp": False},
 }
+
+
+def _param_help(name: str, what: str) -> str:
+    """``what`` plus each registered score's default for parameter ``name`` (e.g. "cosine: 1")."""
+    owners = [f"{sc.name}: {sc.defaults[name]:g}" for sc in SCORES.values()
+              if name in sc.scalar_params()]
+    return f"{what} ({', '.join(owners)})." if owners else f"{what}."
 
 
 def model_defaults(task: str) -> dict[str, Any]:
@@ -130,11 +137,11 @@ class TrainConfig(BaseModel):
         default_factory=dict,
         description="Other score parameters, name=value[,name=value] (those without an option).",
     )
-    tau: float | None = Field(None, gt=0, description="cosine temperature τ (1).")
-    cap: float | None = Field(None, gt=0, description="softcap cap (50).")
-    c: float | None = Field(None, gt=0, description="mup constant c in q·k·c/d (8).")
-    s: float | None = Field(None, gt=0, description="log_length initial s (1).")
-    eps: float | None = Field(None, gt=0, description="Normalization eps of the score.")
+    tau: float | None = Field(None, gt=0, description=_param_help("tau", "Temperature τ"))
+    cap: float | None = Field(None, gt=0, description=_param_help("cap", "Soft-cap"))
+    c: float | None = Field(None, gt=0, description=_param_help("c", "Constant c in q·k·c/d"))
+    s: float | None = Field(None, gt=0, description=_param_help("s", "Initial s of s·ln(n)"))
+    eps: float | None = Field(None, gt=0, description=_param_help("eps", "Normalization eps"))
     scale: float | None = Field(None, description="Logit scale replacing 1/√d.")
     temperature: str = Field(
         "fixed", description="fixed, or a learned temperature of the score (cosine: swin, qknorm)."
@@ -209,14 +216,8 @@ class TrainConfig(BaseModel):
             self.__dict__["warmup_steps"] = min(100, self.steps // 10)
 
     def _check_sizes(self) -> None:
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
-            )
-        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
-            )
+        n_kv_heads = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        check_sizes(self.d_model, self.n_heads, n_kv_heads)  # the module's own check
         if self.pos == "rope" and (self.d_model // self.n_heads) % 2:
             raise ValueError("pos='rope' needs an even head dimension d_model/n_heads")
 
@@ -249,18 +250,12 @@ class TrainConfig(BaseModel):
         if self.text is not None:
             if self.task != "text":
                 raise ValueError(f"text is only for task 'text', not {self.task!r}")
-            if not Path(self.text).is_file():
-                raise ValueError(f"text: file {self.text!r} does not exist")
+            check_input_file("text", self.text)
         if self.task == "length" and self.pos == "learned":
             raise ValueError(
                 "pos='learned' cannot reach the length task's longer eval sequences; "
                 "use pos='rope' or pos='none'"
             )
-
-    @property
-    def use_mlp(self) -> bool:
-        """Whether the blocks have an MLP (``mlp`` after the task's default)."""
-        return self.mlp
 
     def score_kwargs(self) -> dict[str, float]:
         """The score parameters that were set (own fields and ``score_params``), for

@@ -24,13 +24,14 @@ busy timeout, so several processes may write to the same file. ``synchronous = N
 killed process loses nothing that was committed; a power cut may lose the last commits, but
 never leaves a half-written run. Non-finite floats are stored as NULL (JSON ``null``).
 
-Opening a path that is a directory, a file that is not a SQLite database, or a path whose
-folder cannot be created or written raises ``ValueError`` naming ``db``.
+Opening a path that is a directory, a file that is not a SQLite database, a SQLite database
+made by another program (tables, but no ``runs`` table with the columns above), or a path whose
+folder cannot be created or written raises ``ValueError`` naming ``db``; such a file is left
+untouched. A new or empty file gets the tables.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import sqlite3
 import time
@@ -83,6 +84,12 @@ CREATE TABLE IF NOT EXISTS measurements (key TEXT PRIMARY KEY, kind TEXT, params
 """
 
 _JSON_COLUMNS = ("config", "versions", "final_metrics")
+# The runs columns a database of ours has (final_metrics came later and is added when missing).
+_RUN_COLUMNS = frozenset({
+    "id", "sweep", "variant", "config", "status", "error", "worker", "queued_at", "started_at",
+    "finished_at", "elapsed_s", "versions", "git_rev", "initial_loss", "final_loss",
+    "final_metric", "diverged_step", "steps",
+})
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 # SQLite's messages for a path it cannot use -> what to tell the caller.
@@ -126,9 +133,13 @@ class Store:
         except sqlite3.DatabaseError as e:
             self.conn.close()
             raise (_open_error(self.path, e) or e) from None
+        except ValueError:
+            self.conn.close()
+            raise
 
     def _set_up(self) -> None:
         self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        self._check_ours()  # before any write: WAL mode alone rewrites the file header
         if self.path != ":memory:":
             self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute("PRAGMA synchronous = NORMAL")
@@ -140,6 +151,16 @@ class Store:
             columns = {row[1] for row in self.conn.execute("PRAGMA table_info(runs)")}
             if "final_metrics" not in columns:  # a database made before the column existed
                 self.conn.execute("ALTER TABLE runs ADD COLUMN final_metrics TEXT")
+
+    def _check_ours(self) -> None:
+        """Raise ValueError if the file holds tables but not attnscale's ``runs`` table."""
+        tables = {row[0] for row in self.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+        if not tables:
+            return  # a new or empty database: ours to set up
+        columns = {row[1] for row in self.conn.execute("PRAGMA table_info(runs)")}
+        if _RUN_COLUMNS - columns:  # no runs table, or not ours
+            raise ValueError(f"db: {self.path} is not an attnscale results database")
 
     def close(self) -> None:
         """Close the connection."""
@@ -276,7 +297,6 @@ class Store:
         row = self.conn.execute("SELECT value FROM measurements WHERE key = ?", (key,)).fetchone()
         return None if row is None else json.loads(row["value"])
 
-
     def get(self, run_id: str, history: bool = False) -> dict[str, Any] | None:
         """One run as a dict (see :meth:`runs`), or None."""
         row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -382,62 +402,3 @@ def _run_dict(row: sqlite3.Row) -> dict[str, Any]:
     for key in _JSON_COLUMNS:
         run[key] = json.loads(run[key]) if run[key] else ({} if key == "versions" else None)
     return run
-
-
-# ---------------------------------------------------------------- export
-
-SUMMARY_COLUMNS = (
-    "id", "sweep", "variant", "status", "initial_loss", "final_loss", "final_metric",
-    "diverged_step", "steps", "elapsed_s", "git_rev", "error",
-)  # fmt: skip
-
-
-def flat_row(run: Mapping[str, Any]) -> dict[str, Any]:
-    """One run as a flat dict: the summary columns, then ``config.<field>`` for each field.
-
-    ``error`` keeps only its first line (the exception type and message).
-    """
-    row = {key: run.get(key) for key in SUMMARY_COLUMNS}
-    if row["error"]:
-        row["error"] = str(row["error"]).splitlines()[0]
-    for key, value in (run.get("config") or {}).items():
-        is_nested = isinstance(value, (dict, list))
-        row[f"config.{key}"] = json.dumps(value) if is_nested else value
-    return row
-
-
-def write_csv(runs: Iterable[Mapping[str, Any]], path: str | Path) -> int:
-    """Write runs as CSV (see :func:`flat_row`); returns the number of rows."""
-    rows = [flat_row(r) for r in runs]
-    columns = _columns(rows)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    return len(rows)
-
-
-def write_parquet(runs: Iterable[Mapping[str, Any]], path: str | Path) -> int:
-    """Write runs as Parquet with pyarrow (or pandas); returns the number of rows."""
-    rows = [flat_row(r) for r in runs]
-    columns = _columns(rows)
-    table = {c: [r.get(c) for r in rows] for c in columns}
-    try:  # optional dependencies, imported only when Parquet is asked for
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        try:
-            import pandas as pd
-        except ImportError:
-            raise ValueError("--parquet needs pyarrow: pip install pyarrow") from None
-        pd.DataFrame(table, columns=columns).to_parquet(path)
-        return len(rows)
-    pq.write_table(pa.table(table), str(path))
-    return len(rows)
-
-
-def _columns(rows: list[dict[str, Any]]) -> list[str]:
-    columns = list(SUMMARY_COLUMNS)
-    for row in rows:
-        columns += [k for k in row if k not in columns]
-    return columns

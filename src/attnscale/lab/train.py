@@ -51,14 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnscale.core.nn import MultiheadSelfAttention
-from attnscale.lab.config import (
-    SCORE_PARAMS,
-    TASK_DEFAULTS,
-    TASK_OPTIONS,
-    TrainConfig,
-    accepted_score_params,
-    model_defaults,
-)
+from attnscale.lab.config import TrainConfig
 from attnscale.lab.models import GPT, GPTConfig
 from attnscale.lab.tasks import IGNORE_INDEX, Batch, Task, make_task
 from attnscale.measure.monitor import Monitor
@@ -68,19 +61,14 @@ from attnscale.util.jsonio import jsonable
 __all__ = [
     "DIVERGENCE_GRACE_STEPS",
     "LAYER_STATS",
-    "SCORE_PARAMS",
-    "TASK_DEFAULTS",
-    "TASK_OPTIONS",
     "RunResult",
     "TrainConfig",
     "Trainer",
-    "accepted_score_params",
     "build_model",
     "build_optimizer",
     "build_task",
     "evaluate",
     "lr_at",
-    "model_defaults",
     "run",
 ]
 
@@ -130,7 +118,7 @@ class RunResult:
 
 
 def build_task(config: TrainConfig) -> Task:
-    """The task of ``config`` (its options over :data:`TASK_DEFAULTS`)."""
+    """The task of ``config`` (its options over :data:`attnscale.lab.config.TASK_DEFAULTS`)."""
     return make_task(config.task, seq_len=config.seq_len, seed=config.seed, **config.task_options())
 
 
@@ -153,7 +141,7 @@ def build_model(config: TrainConfig, task: Task) -> GPT:
             init=config.init,
             init_std=config.init_std,
             tie_embeddings=config.tie_embeddings,
-            mlp=config.use_mlp,
+            mlp=config.mlp,
         )
     )
 

@@ -104,7 +104,7 @@ def inspect_model(
     if not sentences:
         raise ValueError("sentences must not be empty")
     started = time.perf_counter()
-    hf_model, tokenizer = _load(path)
+    hf_model, tokenizer = load_model(path)
     n_tokens = 0
     with torch.no_grad(), Monitor(hf_model, counterfactuals=True) as mon:
         for start in range(0, len(sentences), batch_size):
@@ -124,9 +124,12 @@ def inspect_model(
     }
 
 
-def _load(path: Path):
+def load_model(path: Path) -> tuple[Any, Any]:
+    """(model, tokenizer) of the Hugging Face model in folder ``path``, offline, in eval mode,
+    with PyTorch SDPA attention (the call :class:`attnscale.measure.monitor.Monitor` observes)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # transformers is a heavy optional dependency, imported only when a model is loaded
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging
 

@@ -33,14 +33,13 @@ __all__ = [
     "TABLE_DS",
     "TABLE_NS",
     "TABLE_QUANTITIES",
-    "TABLE_SCORES",
     "Estimate",
     "mc_init_logit_std",
     "mc_logit_variance",
     "mc_score_stats",
-    "mc_scores",
     "mc_softmax_stats",
     "softmax_sample_stats",
+    "table_scores",
     "theory_table",
     "vector_logits",
 ]
@@ -291,13 +290,27 @@ def mc_init_logit_std(
 
 TABLE_DS = (16, 64, 256, 1024)
 TABLE_NS = (64, 512, 4096)
-TABLE_SCORES: dict[str, tuple[str, dict[str, float]]] = {  # label -> (score, parameters)
-    "dot": ("dot", {}),
-    "scaled_dot": ("scaled_dot", {}),
-    "cosine_tau1": ("cosine", {"tau": 1.0}),
-    "cosine_tau10": ("cosine", {"tau": 10.0}),
-}
 TABLE_QUANTITIES = ("logit_std", "entropy", "max_weight", "effective_keys", "rms_jacobian_norm")
+
+
+def table_scores() -> dict[str, tuple[str, dict[str, Any]]]:
+    """The default scores of :func:`theory_table`: label -> (registered score, parameters).
+
+    Every registered score with exact theory (``Score.has_theory``) at its defaults, labelled
+    by its name; a score whose benchmark parameters differ from its defaults (the values
+    practice uses) also at those, and then each label names the parameters that differ:
+    cosine gives ``cosine_tau1`` (the default τ = 1) and ``cosine_tau10`` (x-transformers' τ).
+    """
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    for name in theory.stat_scores():
+        sc = SCORES[name]
+        practice = {k: v for k, v in sc.bench_params.items() if sc.defaults.get(k) != v}
+        if not practice:
+            out[name] = (name, {})
+            continue
+        for params in ({k: sc.defaults[k] for k in practice}, practice):
+            out["_".join([name, *(f"{k}{v:g}" for k, v in params.items())])] = (name, params)
+    return out
 
 
 def theory_table(
@@ -306,17 +319,18 @@ def theory_table(
     ds: tuple[int, ...] = TABLE_DS,
     ns: tuple[int, ...] = TABLE_NS,
     quantities: tuple[str, ...] = TABLE_QUANTITIES,
-    scores: dict[str, tuple[str, dict[str, float]]] | None = None,
+    scores: dict[str, tuple[str, dict[str, Any]]] | None = None,
 ) -> list[dict]:
     """Exact theory next to Monte Carlo for every (score, d, n, quantity).
 
     Rows: {"score", "d", "n", "quantity", "theory", "mc_mean", "mc_se"}. ``scores`` maps a
-    label to (registered score, its parameters); default :data:`TABLE_SCORES`. For each (d, n)
+    label to (registered score, its parameters); default :func:`table_scores`. For each (d, n)
     one set of rotation draws (:func:`_rotation_draws`, ``samples`` queries of n keys) serves
-    every score the rotation can sample; the others draw q and k vectors. Runs in a few seconds
-    on 2 cores at the default size.
+    every score the rotation in d dims can sample; a score whose ``cosine_law`` lives in m ≠ d
+    dims (QK-LayerNorm: m = d − 1) gets its own rotation draws in m dims, which sample the same
+    law; the others draw q and k vectors. Runs in a few seconds on 2 cores at the default size.
     """
-    table = TABLE_SCORES if scores is None else scores
+    table = table_scores() if scores is None else scores
     specs = {label: (get_score(name), resolve_params(get_score(name), params, None))
              for label, (name, params) in table.items()}
     rng = np.random.default_rng(seed)
@@ -345,12 +359,13 @@ def _table_samples(rng, specs, d: int, n: int, samples: int) -> dict[str, list[n
     per_chunk = max(1, _CHUNK // (n * d))
     for label in [label for label in specs if label not in shared]:
         sc, p = specs[label]
+        if sc.cosine_law is not None:  # O(n) per query: vectors at d = 1024 would take minutes
+            dims = sc.cosine_law(d, p)[0]
+            for start in range(0, samples, _rows_per_chunk(n)):
+                draws = _rotation_draws(rng, dims, n, min(_rows_per_chunk(n), samples - start))
+                per[label].append(softmax_sample_stats(_rotation_logits(sc, p, d, n, *draws)))
+            continue
         for start in range(0, samples, per_chunk):
             rows = min(per_chunk, samples - start)
             per[label].append(softmax_sample_stats(_sample(rng, sc, p, d, n, rows, False)))
     return per
-
-
-def mc_scores() -> tuple[str, ...]:
-    """Registered scores :func:`mc_score_stats` samples: all of them (through the formula)."""
-    return tuple(SCORES)
