@@ -9,7 +9,7 @@ torch.Size([2, 4, 16, 8])
 from attnscale.core.attention import attention, reference_attention
 from attnscale.core.scores import SCORES, Score, get_score, register
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {  # heavier public names, imported on first use
     "MultiheadSelfAttention": "attnscale.core.nn",

@@ -56,7 +56,7 @@ def masks(b=2, h=4, nq=13, nk=17, seed=1):
         "bool": keep,
         "bool-padding-broadcast": padding,
         "float-2d-broadcast": additive,
-        "float-key-only": torch.randn(nk, generator=g, dtype=torch.float64),
+        "float-key-only": torch.randn(1, nk, generator=g, dtype=torch.float64),
     }
 
 
@@ -290,7 +290,12 @@ def bad(**over):
 @pytest.mark.parametrize(
     "kwargs,exc,words",
     [
-        (bad(query=torch.randn(4, 8)), ValueError, "query must be 4-D"),
+        (bad(query=torch.randn(8)), ValueError, "query must have at least 2 dimensions"),
+        (bad(attn_mask=torch.ones(17, dtype=torch.bool)), ValueError, "at least 2 dimensions"),
+        (bad(attn_mask=torch.ones(13, 17, dtype=torch.float64)), TypeError, "attn_mask must be"),
+        (bad(attn_mask=torch.ones(3, 2, 4, 13, 17).bool()), ValueError, "does not broadcast"),
+        (bad(dropout_p=-0.1), ValueError, "dropout_p"),
+        (bad(enable_gqa=1), TypeError, "enable_gqa must be a bool"),
         (bad(key=torch.randn(2, 4, 17, 7)), ValueError, "same head dimension"),
         (bad(value=torch.randn(2, 4, 16, 8)), ValueError, "same length"),
         (bad(query=torch.randint(0, 3, (2, 4, 13, 8))), TypeError, "floating dtype"),
@@ -312,7 +317,8 @@ def bad(**over):
         (bad(is_causal=1), TypeError, "is_causal"),
         (bad(query=torch.randn(2, 6, 13, 8), enable_gqa=False), ValueError, "enable_gqa=True"),
         (bad(query=torch.randn(2, 6, 13, 8), enable_gqa=True), ValueError, "multiple of"),
-        (bad(query=torch.randn(3, 4, 13, 8)), ValueError, "same batch size"),
+        (bad(query=torch.randn(3, 4, 13, 8)), ValueError, "must broadcast"),
+        (bad(query=torch.randn(13, 8), enable_gqa=True), ValueError, "at least 3 dimensions"),
         (bad(query="q"), TypeError, "query must be a torch.Tensor"),
     ],
 )

@@ -297,3 +297,28 @@ def test_compiled_statistics_equal_eager():
                           "max_abs_logit", "jacobian_norm", "logsumexp"):
                 np.testing.assert_allclose(getattr(fused, field), getattr(eager, field),
                                            rtol=1e-5, atol=1e-6, err_msg=f"{variant} {field}")
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_sdpa_path_takes_broadcast_shapes(compile):
+    """The monitor's SDPA stand-in accepts what SDPA accepts (3-D queries with 4-D keys, 5-D
+    inputs, a batch of 1 broadcast) and records the statistics of the broadcast call."""
+    from attnscale import attention_stats
+
+    g = torch.Generator().manual_seed(3)
+    model = tiny_bert("sdpa")
+    cases = [
+        (torch.randn(4, 5, 8, generator=g), torch.randn(2, 4, 6, 8, generator=g)),  # 3-D q
+        (torch.randn(1, 2, 5, 8, generator=g), torch.randn(3, 2, 6, 8, generator=g)),  # B = 1
+        (torch.randn(2, 3, 2, 5, 8, generator=g), torch.randn(2, 3, 2, 6, 8, generator=g)),
+    ]
+    for q, k in cases:
+        v = torch.randn(k.shape, generator=g)
+        with torch.no_grad(), Monitor(model, compile=compile) as mon:
+            out = mon.sdpa(model, q, k, v, is_causal=True)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert torch.equal(out, want)
+        (got,) = mon.stats().values()
+        ref = attention_stats(q, k, is_causal=True)
+        np.testing.assert_allclose(got.entropy, ref.entropy, rtol=1e-6)
+        np.testing.assert_allclose(got.logit_std, ref.logit_std, rtol=1e-6)

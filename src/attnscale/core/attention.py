@@ -16,7 +16,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnscale.core.chunked import modded_attention
-from attnscale.core.inputs import check_inputs, normalize_mask, visible_counts
+from attnscale.core.inputs import (
+    check_inputs,
+    expand_key_head_params,
+    fold_causal,
+    normalize_mask,
+    visible_counts,
+)
 from attnscale.core.reference import materialized_attention, reference_attention
 from attnscale.core.scores import Context, Score, get_score, resolve_params
 
@@ -41,21 +47,29 @@ def attention(
     ``score`` is a name from :data:`attnscale.SCORES` (``scaled_dot`` by default, which is
     exactly SDPA) and ``score_params`` are its parameters, e.g. ``score="cosine", tau=10.0``.
     ``scale`` overrides 1/√d for the scores that use it (scaled_dot, qk norms, softcap, log_length).
-    Returns (B, H, Nq, Dv).
+    Inputs follow SDPA's contract (:mod:`attnscale.core.inputs`): (…, H, Nq, D) queries, leading
+    dimensions broadcast. Returns (…, H, Nq, Dv), the shape SDPA returns.
     """
     sc = get_score(score)
     params = resolve_params(sc, score_params, scale)
-    q, k, v, squeeze = check_inputs(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
-    mask = normalize_mask(attn_mask, q.dtype)
+    x = check_inputs(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    q, k, v = x.q, x.k, x.v  # (B, H, Nq, D), (B, Hk, Nk, D), (B, Hk, Nk, Dv)
+    if x.key_group > 1:
+        params = expand_key_head_params(params, x.key_group)
+    mask = normalize_mask(x.mask, q.dtype)
     ctx = Context(
         head_dim=q.shape[-1],
         n_visible=lambda: visible_counts(q.shape[-2], k.shape[-2], mask, is_causal, q.device),
     )
     if sc.fused:
         qp, kp, sdpa_scale = sc.prepare(q, k, scale, params, ctx)
+        gqa = k.shape[1] != q.shape[1]
+        causal = is_causal
+        if mask is not None and is_causal:
+            mask, causal = fold_causal(mask, q.shape[-2], k.shape[-2]), False
         out = F.scaled_dot_product_attention(
-            qp, kp, v, mask, dropout_p, is_causal, scale=sdpa_scale, enable_gqa=enable_gqa
+            qp, kp, v, mask, dropout_p, causal, scale=sdpa_scale, enable_gqa=gqa
         )
     else:
         out = modded_attention(sc, params, q, k, v, mask, dropout_p, is_causal, scale, ctx)
-    return out.squeeze(1) if squeeze else out
+    return x.restore(out)

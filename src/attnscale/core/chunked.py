@@ -42,9 +42,17 @@ def modded_attention(
     mask_grad = mask is not None and mask.requires_grad
     if dropout_p > 0.0 or learned or mask_grad:
         # The chunked kernel has no dropout and treats parameters and masks as constants.
-        return materialized_attention(
-            sc, params, q, k, v, mask, dropout_p, is_causal, scale, k.shape[1] != q.shape[1]
+        # Half precision is computed in float32, as the chunked kernel and SDPA's CPU kernels do.
+        work = work_dtype(q)
+        cast = {n: p.to(work) if isinstance(p, Tensor) and p.is_floating_point() else p
+                for n, p in params.items()}
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.to(work)
+        out = materialized_attention(
+            sc, cast, q.to(work), k.to(work), v.to(work), mask, dropout_p, is_causal, scale,
+            k.shape[1] != q.shape[1],
         )
+        return out.to(q.dtype)
     if q.is_cuda and _flex_available():
         return flex_modded_attention(sc, params, q, k, v, mask, is_causal, scale)
     if k.shape[1] != q.shape[1]:

@@ -1,16 +1,25 @@
 """The input contract of :func:`attnscale.attention`, shared by every path that takes its
-arguments. Shapes, mask semantics and causal alignment follow
-``torch.nn.functional.scaled_dot_product_attention``:
+arguments: SDPA's (``torch.nn.functional.scaled_dot_product_attention``, torch 2.13).
 
-* query (B, H, Nq, D), key (B, Hk, Nk, D), value (B, Hk, Nk, Dv); 3-D inputs (B, N, D) also work;
-* ``attn_mask`` broadcasts to (B, H, Nq, Nk); a bool mask keeps True entries, a float mask is added
-  to the logits;
-* ``is_causal``: query i sees keys 0..i (top-left alignment, as SDPA); may be combined with a mask;
-* ``enable_gqa``: H must be a multiple of Hk, each key/value head serves H/Hk query heads.
+* query (…, H, Nq, D), key (…, Hk, Nk, D), value (…, Hk, Nk, Dv), at least 2-D each; the leading
+  dimensions broadcast against each other as in ``torch.matmul``, so a 3-D query works with 4-D
+  keys and a batch of 1 serves every batch entry. Dimension −3 is the head dimension: per-head
+  score parameters (length H, or (H, D) weights) index it.
+* ``attn_mask`` broadcasts to the output's (…, H, Nq, Nk) without adding dimensions; a bool mask
+  keeps True entries, a float mask (the query's dtype, or float32) is added to the logits.
+* ``is_causal``: query i sees keys 0..i (top-left alignment); may be combined with a mask.
+* ``enable_gqa``: H must be a multiple of Hk (and of the value's head count); each key/value
+  head serves H/Hk query heads.
+
+:func:`check_inputs` validates all of this and returns :class:`Inputs`: q, k and v reshaped to
+the 4-D (B, H, N, D) layout the kernels take (a view whenever the inputs already have it), and
+how to give the output its broadcast shape back.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +30,29 @@ from attnscale.core.scores import Params
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """Checked inputs in the kernels' 4-D layout.
+
+    ``q`` (B, H, Nq, D), ``k`` (B, Hk, Nk, D), ``v`` (B, Hk, Nk, Dv) with B the product of the
+    broadcast leading dimensions ``lead``; ``mask`` is None or broadcasts to (B, H, Nq, Nk);
+    ``key_group`` is how many times each key head was repeated here (1 unless key and value
+    head counts differed under GQA), for the key-side per-head parameters.
+    """
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    mask: Tensor | None
+    lead: tuple[int, ...]
+    squeeze_heads: bool  # the broadcast inputs were 2-D: no head dimension to give back
+    key_group: int = 1
+
+    def restore(self, out: Tensor) -> Tensor:
+        """(B, H, Nq, Dv) -> (…lead, H, Nq, Dv), the broadcast shape SDPA returns."""
+        if self.squeeze_heads:
+            return out.reshape(out.shape[-2:])
+        return out.reshape(*self.lead, *out.shape[1:])
 
 
 def check_inputs(
@@ -31,98 +63,135 @@ def check_inputs(
     dropout_p: Any,
     is_causal: Any,
     enable_gqa: Any,
-) -> tuple[Tensor, Tensor, Tensor, bool]:
-    """Validate shapes, dtypes and the mask; return 4-D q, k, v and whether to squeeze heads."""
+) -> Inputs:
+    """Validate every argument as SDPA does (ValueError/TypeError naming it) and return the
+    inputs in 4-D layout."""
     for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(
-                f"{name} must have a floating dtype (float16, bfloat16, float32, float64), "
-                f"got {t.dtype}"
-            )
-        if t.dim() not in (3, 4):
-            raise ValueError(
-                f"{name} must be 4-D (B, H, N, D) or 3-D (B, N, D), got shape {tuple(t.shape)}"
-            )
-    if not (query.dim() == key.dim() == value.dim()):
-        raise ValueError(
-            "query, key and value must have the same rank, got "
-            f"{query.dim()}, {key.dim()} and {value.dim()}"
-        )
+        _check_tensor(name, t)
     if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(
-            "query, key and value must share a dtype, got "
-            f"{query.dtype}, {key.dtype}, {value.dtype}"
-        )
-    squeeze = query.dim() == 3
-    q, k, v = (t.unsqueeze(1) if squeeze else t for t in (query, key, value))
-    _check_shapes(q, k, v, bool(enable_gqa))
+        raise TypeError(f"query, key and value must share a dtype, got {query.dtype}, "
+                        f"{key.dtype}, {value.dtype}")
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"query and key must have the same head dimension, got "
+                         f"{query.shape[-1]} and {key.shape[-1]}")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"key and value must have the same length, got "
+                         f"{key.shape[-2]} and {value.shape[-2]}")
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not (
+        0.0 <= dropout_p <= 1.0
+    ):
+        raise ValueError(f"dropout_p must be a number in [0, 1], got {dropout_p!r}")
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    lead, heads = _broadcast_batch(query, key, value, enable_gqa)
+    hq, hk, hv = heads
+    squeeze = query.dim() == key.dim() == value.dim() == 2
+    q = _to_4d(query, lead, hq)
+    k, v = _to_4d(key, lead, hk), _to_4d(value, lead, hv)
+    group = 1
+    if hk != hv:  # GQA with different key and value head counts: serve every query head
+        group = hq // hk
+        k, v = k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hv, dim=1)
+    mask = None
     if attn_mask is not None:
-        _check_mask(attn_mask, q, k)
-    return q, k, v, squeeze
+        # The mask is added to the logits q·kᵀ, so it may not add dimensions to their shape
+        # (the value's leading dimensions broadcast later, in the product with v).
+        logits = torch.broadcast_shapes(query.shape[:-2], (*key.shape[:-2][:-1], hq))
+        n = (q.shape[-2], k.shape[-2])
+        mask = _check_mask(attn_mask, query.dtype, (*logits, *n), (*lead, hq, *n))
+    return Inputs(q, k, v, mask, lead, squeeze, group)
 
 
-def _check_shapes(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool) -> None:
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"query and key must have the same head dimension, got {q.shape[-1]} and {k.shape[-1]}"
-        )
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            f"key and value must have the same length, got {k.shape[-2]} and {v.shape[-2]}"
-        )
-    if not (q.shape[0] == k.shape[0] == v.shape[0]):
-        raise ValueError(
-            f"query, key and value must have the same batch size, got "
-            f"{q.shape[0]}, {k.shape[0]}, {v.shape[0]}"
-        )
-    hq, hk, hv = q.shape[1], k.shape[1], v.shape[1]
-    if hk != hv:
-        raise ValueError(f"key and value must have the same number of heads, got {hk} and {hv}")
-    if hq != hk and not enable_gqa:
-        raise ValueError(
-            f"query has {hq} heads and key/value {hk}: they must be equal, or pass "
-            "enable_gqa=True with a query head count that is a multiple of the key head count"
-        )
-    if enable_gqa and hq % hk != 0:
-        raise ValueError(
-            f"enable_gqa needs the query head count ({hq}) to be a multiple of the key/value "
-            f"head count ({hk})"
-        )
+def _check_tensor(name: str, t: Any) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have a floating dtype (float16, bfloat16, float32, "
+                        f"float64), got {t.dtype}")
+    if t.dim() < 2:
+        raise ValueError(f"{name} must have at least 2 dimensions (…, N, D), got shape "
+                         f"{tuple(t.shape)}")
 
 
-def _check_mask(attn_mask: Any, q: Tensor, k: Tensor) -> None:
+def _heads(t: Tensor) -> int:
+    return t.shape[-3] if t.dim() >= 3 else 1
+
+
+def _broadcast_batch(
+    q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool
+) -> tuple[tuple[int, ...], tuple[int, int, int]]:
+    """The broadcast leading dimensions (all but heads, N and D) and the three head counts."""
+    hq, hk, hv = _heads(q), _heads(k), _heads(v)
+    if enable_gqa and min(q.dim(), k.dim(), v.dim()) < 3:
+        raise ValueError("enable_gqa needs query, key and value of at least 3 dimensions "
+                         "(…, H, N, D)")
+    if not enable_gqa or (hq == hk == hv):
+        shapes = [t.shape[:-2] for t in (q, k, v)]
+        try:
+            batch = torch.broadcast_shapes(*shapes)
+        except RuntimeError:
+            raise ValueError(
+                "the leading dimensions of query, key and value must broadcast (as in "
+                f"torch.matmul), got {[tuple(s) for s in shapes]}; for fewer key/value heads "
+                "than query heads pass enable_gqa=True"
+            ) from None
+        h = batch[-1] if batch else 1
+        return tuple(batch[:-1]), (h, h, h)
+    if hq % hk or hq % hv:
+        raise ValueError(f"enable_gqa needs the query head count ({hq}) to be a multiple of "
+                         f"the key ({hk}) and value ({hv}) head counts")
+    shapes = [t.shape[:-3] for t in (q, k, v)]
+    try:
+        lead = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        raise ValueError("the batch dimensions of query, key and value must broadcast, got "
+                         f"{[tuple(s) for s in shapes]}") from None
+    return tuple(lead), (hq, hk, hv)
+
+
+def _to_4d(t: Tensor, lead: tuple[int, ...], heads: int) -> Tensor:
+    """``t`` broadcast to (…lead, heads, N, X) and flattened to (prod(lead), heads, N, X); a view
+    when ``t`` already has that shape."""
+    full = (*lead, heads, *t.shape[-2:])
+    if t.shape == full and len(full) == 4:
+        return t
+    return t.expand(full).reshape(math.prod(lead), heads, *t.shape[-2:])
+
+
+def _check_mask(
+    attn_mask: Any, dtype: torch.dtype, logits: tuple[int, ...], target: tuple[int, ...]
+) -> Tensor:
+    """The mask, checked against the shape of the logits, in a form that broadcasts to the 4-D
+    (B, H, Nq, Nk) of ``target`` (…lead, H, Nq, Nk)."""
     if not isinstance(attn_mask, Tensor):
         raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+    if attn_mask.dtype != torch.bool and attn_mask.dtype not in (dtype, torch.float32):
         raise TypeError(
-            f"attn_mask must be bool (True = keep) or floating (added to the logits), "
-            f"got {attn_mask.dtype}"
+            f"attn_mask must be bool (True = keep) or floating in the query's dtype ({dtype}) "
+            f"or float32 (added to the logits), got {attn_mask.dtype}"
         )
-    target = (q.shape[0], q.shape[1], q.shape[-2], k.shape[-2])
+    if attn_mask.dim() < 2:
+        raise ValueError(f"attn_mask must have at least 2 dimensions (…, Nq, Nk), got shape "
+                         f"{tuple(attn_mask.shape)}")
     try:
-        ok = torch.broadcast_shapes(attn_mask.shape, target) == target
+        ok = torch.broadcast_shapes(attn_mask.shape, logits) == logits
     except RuntimeError:
         ok = False
     if not ok:
-        raise ValueError(
-            f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
-            f"(B, H, Nq, Nk) = {target}"
-        )
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                         f"the logits' (…, H, Nq, Nk) = {logits}")
+    if len(target) <= 4:  # a 4-D view: SDPA's kernels combine a 4-D mask with is_causal
+        return attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    b = math.prod(target[:-3])
+    return attn_mask.expand(target).reshape(b, *target[-3:])
 
 
 def normalize_mask(attn_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """Bool masks keep their dtype, float masks take the query's (as SDPA requires); a 1-D
-    mask over keys becomes (1, Nk), since SDPA's kernels want at least 2-D."""
+    """Bool masks keep their dtype, float masks take ``dtype`` (the computation's)."""
     if attn_mask is None:
         return None
-    if attn_mask.dim() < 2:
-        attn_mask = attn_mask.reshape(1, -1)
     return attn_mask if attn_mask.dtype == torch.bool else attn_mask.to(dtype)
 
 
@@ -158,3 +227,13 @@ def expand_key_head_params(params: Params, group: int) -> dict[str, Any]:
         else p
         for name, p in params.items()
     }
+
+
+def fold_causal(mask: Tensor, nq: int, nk: int) -> Tensor:
+    """``mask`` with the causal rule (query i sees keys 0..i) folded in: bool masks lose the
+    hidden keys, float masks get −inf there. SDPA refuses a mask together with ``is_causal`` on
+    some of its kernels (those without a fused causal mask), so attnscale combines them itself."""
+    keep = torch.ones(nq, nk, dtype=torch.bool, device=mask.device).tril()
+    if mask.dtype == torch.bool:
+        return mask & keep
+    return mask.masked_fill(~keep, float("-inf"))

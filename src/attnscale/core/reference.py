@@ -37,15 +37,18 @@ def reference_attention(
     """
     sc = get_score(score)
     params = resolve_params(sc, score_params, scale)
-    q, k, v, squeeze = check_inputs(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    x = check_inputs(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p must be 0 for reference_attention, got {dropout_p}")
     params64 = {n: p.double() if isinstance(p, Tensor) else p for n, p in params.items()}
-    mask = normalize_mask(attn_mask, torch.float64)
+    if x.key_group > 1:
+        params64 = expand_key_head_params(params64, x.key_group)
+    mask = normalize_mask(x.mask, torch.float64)
     out = materialized_attention(
-        sc, params64, q.double(), k.double(), v.double(), mask, 0.0, is_causal, scale, enable_gqa
+        sc, params64, x.q.double(), x.k.double(), x.v.double(), mask, 0.0, is_causal, scale,
+        x.k.shape[1] != x.q.shape[1],
     ).to(query.dtype)
-    return out.squeeze(1) if squeeze else out
+    return x.restore(out)
 
 
 def materialized_attention(

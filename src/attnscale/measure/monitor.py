@@ -50,10 +50,12 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
+from attnscale.core.inputs import check_inputs
 from attnscale.core.nn import MultiheadSelfAttention
 from attnscale.measure import native
 from attnscale.measure.rowstats import attention_with_sums, maybe_compiled
 from attnscale.measure.stats import AttentionStats, StatsAccumulator, check_query_mask
+from attnscale.util.validate import check_int
 
 COUNTERFACTUALS: dict[str, dict[str, Any]] = {
     "dot": {"score": "dot"},
@@ -92,8 +94,7 @@ class Monitor:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive integer, got {every!r}")
+        check_int("every", every, minimum=1)
         self.model = model
         self.counterfactuals = counterfactuals
         self.every = every
@@ -179,11 +180,16 @@ class Monitor:
             else:
                 self._add(name, query, key, call, measured=(sums, head_max))
                 return out
-        if query.shape[0] != key.shape[0]:  # SDPA broadcasts a batch of 1: so do the statistics
-            b = max(query.shape[0], key.shape[0])
-            query, key = (t.expand(b, *t.shape[1:]) if t.shape[0] == 1 else t for t in (query, key))
-        self._add(name, query, key, call, measured=None)
-        return F.scaled_dot_product_attention(*args, **kwargs)
+        out = F.scaled_dot_product_attention(*args, **kwargs)  # raises SDPA's own errors
+        # The statistics see SDPA's broadcast: leading dimensions flattened to (B, H, N, D).
+        try:
+            x = check_inputs(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+        except (ValueError, TypeError) as err:  # SDPA ran a call outside its own contract
+            warnings.warn(f"attnscale monitor: no statistics for {name} ({err})", stacklevel=2)
+            return out
+        call |= {"attn_mask": _stats_mask(x.mask), "enable_gqa": x.k.shape[1] != x.q.shape[1]}
+        self._add(name, x.q, x.k, call, measured=None)
+        return out
 
     def _rows(self, query: Tensor) -> Tensor:
         """The query rows that count, (B, N) bool on the query's device."""

@@ -130,9 +130,13 @@ def attention_stats(
     """Statistics of the attention that ``attnscale.attention(query, key, ...)`` computes.
 
     Logits come from the score's plain formula (the same one the float64 reference uses), one
-    query chunk at a time; values are not needed. ``query_mask`` (B, Nq) bool drops query rows.
+    query chunk at a time; values are not needed. Inputs broadcast as in
+    :func:`attnscale.attention`; the statistics are per head (dimension −3 of the broadcast
+    query) and average over the leading dimensions, flattened to B. ``query_mask`` (B, Nq) bool
+    drops query rows.
     """
-    acc = StatsAccumulator(query.shape[1] if isinstance(query, Tensor) and query.dim() == 4 else 1)
+    heads = check_inputs(query, key, key, attn_mask, 0.0, is_causal, enable_gqa).q.shape[1]
+    acc = StatsAccumulator(heads)
     acc.update(query, key, attn_mask, is_causal, scale, enable_gqa, score=score,
                query_mask=query_mask, **score_params)
     return acc.result()
@@ -225,14 +229,17 @@ class StatsAccumulator:
         """
         sc = get_score(score)
         params = resolve_params(sc, score_params, scale)
-        q, k, _, _ = check_inputs(query, key, key, attn_mask, 0.0, is_causal, enable_gqa)
-        if enable_gqa and k.shape[1] != q.shape[1]:
+        x = check_inputs(query, key, key, attn_mask, 0.0, is_causal, enable_gqa)
+        q, k = x.q, x.k  # (B, H, Nq, D), (B, Hk, Nk, D)
+        if x.key_group > 1:
+            params = expand_key_head_params(params, x.key_group)
+        if k.shape[1] != q.shape[1]:
             group = q.shape[1] // k.shape[1]
             k = k.repeat_interleave(group, dim=1)
             params = expand_key_head_params(params, group)
         self._check_heads(q.shape[1])
         b, h, nq, d = q.shape
-        mask = normalize_mask(attn_mask, q.dtype)
+        mask = normalize_mask(x.mask, q.dtype)
         qmask = check_query_mask(query_mask, b, nq)
         work = torch.float64 if q.dtype == torch.float64 else torch.float32
         with torch.no_grad():
