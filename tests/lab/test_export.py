@@ -7,21 +7,6 @@ import csv
 import pytest
 
 from attnscale.lab.export import flat_row, write_csv, write_parquet
-from attnscale.lab.store import Store
-
-
-@pytest.fixture
-def store(tmp_path):
-    with Store(tmp_path / "runs.db") as s:
-        s.add_runs(
-            [
-                {"id": "a", "config": {"score": "dot", "lr": 0.001, "seed": 0}},
-                {"id": "b", "config": {"score": "dot", "lr": 0.01, "seed": 0}},
-                {"id": "c", "config": {"score": "cosine", "lr": 0.01, "seed": 1}, "variant": "v"},
-            ],
-            sweep="t",
-        )
-        yield s
 
 
 def test_csv_export(store, tmp_path):

@@ -29,18 +29,6 @@ def result(status="done", n=3, loss=1.0):
     }
 
 
-@pytest.fixture
-def store(tmp_path):
-    with Store(tmp_path / "runs.db") as s:
-        s.add_runs(
-            [
-                {"id": "a", "config": {"score": "dot", "lr": 0.001, "seed": 0}},
-                {"id": "b", "config": {"score": "dot", "lr": 0.01, "seed": 0}},
-                {"id": "c", "config": {"score": "cosine", "lr": 0.01, "seed": 1}, "variant": "v"},
-            ],
-            sweep="t",
-        )
-        yield s
 
 
 def test_wal_mode_and_schema(store):
