@@ -167,3 +167,25 @@ def test_mup_keeps_query_init_for_normalized_scores():
 def test_bad_config(overrides, words):
     with pytest.raises(ValueError, match=words):
         tiny(**overrides)
+
+
+@pytest.mark.parametrize("d_model", [32, 128])
+def test_unit_init_gives_q_and_k_components_of_unit_variance(d_model):
+    """init="unit" is the regime of Vaswani et al.'s footnote: q and k components of variance 1
+    at init, measured through the model's own first layer; GPT-2's std 0.02 gives d_model·4e-4."""
+    captured = {}
+    for init, want in (("unit", 1.0), ("gpt2", d_model * 0.02**2)):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=64, seq_len=32, d_model=d_model, n_heads=2,
+                              n_layers=1, init=init, pos="none"))
+        attn = model.blocks[0].attn
+        hook = attn.q_proj.register_forward_hook(lambda m, i, o: captured.update(q=o))
+        hook_k = attn.k_proj.register_forward_hook(lambda m, i, o: captured.update(k=o))
+        with torch.no_grad():
+            model(torch.randint(0, 64, (16, 32), generator=torch.Generator().manual_seed(1)))
+        hook.remove()
+        hook_k.remove()
+        for name in ("q", "k"):
+            var = float(captured[name].var())
+            # d_model² weights and 512 rows: the sample variance is within 20% of its mean
+            assert var == pytest.approx(want, rel=0.2), (init, name, var)

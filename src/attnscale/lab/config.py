@@ -156,7 +156,9 @@ class TrainConfig(BaseModel):
         "learned", description="Positions (the task's default: rope for length)."
     )
     init_std: float = Field(0.02, gt=0, description="Weight init std (GPT-2: 0.02).")
-    init: Literal["gpt2", "mup"] = Field("gpt2", description="Initialization: gpt2 or mup.")
+    init: Literal["gpt2", "mup", "unit"] = Field(
+        "gpt2", description="Initialization: gpt2 (std 0.02), mup, or unit (q and k components "
+        "of unit variance at init, as Vaswani's √d_k argument assumes).")
     tie_embeddings: bool = Field(True, description="Share input embedding and readout.")
     mlp: bool = Field(True, description="MLP in every block (the task's default: off for mqar).")
 

@@ -39,6 +39,12 @@ Initialization (``init``):
 
   ``init="mup"`` sets the weights' parametrization only; µP's attention logit q·k·c/d is the
   score ``"mup"``, chosen separately so the two effects can be measured apart.
+* ``"unit"``: ``"gpt2"``, except that the query and key projections ~ N(0, 1/d_model). Their
+  input is a LayerNorm output, whose d_model components have mean 0 and variance 1 per row, so
+  each component of q and k has variance d_model·(1/d_model) = 1 at init: the regime of
+  Vaswani et al. 2017's footnote 4 (arXiv 1706.03762), where q·k has variance d_k and 1/√d_k
+  brings it back to 1. Under ``"gpt2"`` the same variance is d_model·init_std², e.g. 0.05 at
+  d_model = 128, and unscaled logits start far below the softmax's saturation scale.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ from attnscale.core.scores import get_score
 from attnscale.util.validate import check_choice, check_float, check_int
 
 POS = ("learned", "rope", "none")
-INITS = ("gpt2", "mup")
+INITS = ("gpt2", "mup", "unit")
 
 
 @dataclass
@@ -167,7 +173,7 @@ class GPT(nn.Module):
 
     # -- initialization ---------------------------------------------------------------------
     def reset_parameters(self) -> None:
-        """Initialize as in the module docstring (GPT-2 or µP)."""
+        """Initialize as in the module docstring (GPT-2, µP or unit-variance q/k)."""
         c = self.config
         residual_std = c.init_std / math.sqrt((2 if c.mlp else 1) * c.n_layers)
         for name, module in self.named_modules():
@@ -185,6 +191,10 @@ class GPT(nn.Module):
         if c.init == "mup" and not get_score(c.score).normalizes_q:
             for block in self.blocks:
                 nn.init.zeros_(block.attn.q_proj.weight)
+        if c.init == "unit":  # unit-variance q and k components (module docstring)
+            for block in self.blocks:
+                for proj in (block.attn.q_proj, block.attn.k_proj):
+                    nn.init.normal_(proj.weight, std=1.0 / math.sqrt(c.d_model))
 
     def _normal_init(self, weight: Tensor) -> None:
         nn.init.normal_(weight, std=self.config.init_std)

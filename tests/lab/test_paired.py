@@ -1,0 +1,102 @@
+"""Paired comparisons: the statistics agree with scipy, and the reading of an interval flips on
+opposite data and stays inconclusive on data with no effect."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from attnscale.lab.paired import (
+    EQUAL,
+    GREATER,
+    INCONCLUSIVE,
+    LESS,
+    classify,
+    holm,
+    paired_differences,
+    paired_effect,
+)
+
+
+def arms(diff: float, noise: float, n: int = 5, seed: int = 0, shared: float = 1.0):
+    """Two arms over n seeds: a shared per-seed level (what pairing removes) plus noise."""
+    rng = np.random.default_rng(seed)
+    level = rng.normal(3.0, shared, n)
+    a = {s: level[s] + diff + rng.normal(0, noise) for s in range(n)}
+    b = {s: level[s] + rng.normal(0, noise) for s in range(n)}
+    return a, b
+
+
+def test_t_interval_and_p_value_match_scipy():
+    a, b = arms(0.1, 0.05)
+    eff = paired_effect(a, b, confidence=0.9)
+    xa, xb = np.array([a[s] for s in range(5)]), np.array([b[s] for s in range(5)])
+    ci = stats.ttest_rel(xa, xb).confidence_interval(0.9)
+    assert eff.low == pytest.approx(ci.low) and eff.high == pytest.approx(ci.high)
+    assert eff.p == pytest.approx(stats.ttest_rel(xa, xb).pvalue)
+    assert eff.mean == pytest.approx(float(np.mean(xa - xb))) and eff.n == 5
+
+
+def test_bootstrap_interval_matches_scipy():
+    a, b = arms(0.1, 0.05, n=8)
+    eff = paired_effect(a, b, method="bootstrap", seed=3)
+    d = paired_differences(a, b)
+    ref = stats.bootstrap((d,), np.mean, n_resamples=9999, method="BCa",
+                          random_state=np.random.default_rng(3)).confidence_interval
+    assert (eff.low, eff.high) == pytest.approx((ref.low, ref.high))
+
+
+def test_holm_matches_the_step_down_definition():
+    p = [0.01, 0.04, 0.03, 0.2]
+    # sorted: 0.01·4 = 0.04, 0.03·3 = 0.09, 0.04·2 = 0.08 -> 0.09 (monotone), 0.2·1 = 0.2
+    assert holm(p) == pytest.approx([0.04, 0.09, 0.09, 0.2])
+    # Holm controls the family-wise error, so it is never below Benjamini-Hochberg's adjustment
+    assert all(h >= q for h, q in zip(holm(p), stats.false_discovery_control(p), strict=True))
+    with pytest.raises(ValueError, match="pvalues"):
+        holm([0.5, 1.5])
+
+
+def test_pairing_removes_the_shared_variance():
+    """The same difference is found with a tight interval although the arms' levels vary."""
+    a, b = arms(0.2, 0.01, shared=5.0)
+    eff = paired_effect(a, b)
+    assert eff.low > 0.15 and eff.high < 0.25
+    assert classify(eff, smallest=0.05) == GREATER
+
+
+def test_classify_flips_on_opposite_data():
+    a, b = arms(0.3, 0.02)
+    assert classify(paired_effect(a, b), 0.05) == GREATER
+    assert classify(paired_effect(b, a), 0.05) == LESS
+
+
+def test_equal_needs_the_whole_interval_inside_the_margin():
+    a, b = arms(0.0, 0.001)
+    assert classify(paired_effect(a, b), 0.05) == EQUAL
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_effect_with_realistic_noise_is_inconclusive(seed):
+    """Both arms from one distribution, noise as large as the smallest real effect, 5 seeds:
+    the interval straddles ±δ, so no verdict is read."""
+    a, b = arms(0.0, 0.05, seed=seed)
+    assert classify(paired_effect(a, b), 0.05) == INCONCLUSIVE
+
+
+def test_too_few_seeds_and_bad_arguments():
+    with pytest.raises(ValueError, match="at least 3 shared seeds"):
+        paired_differences({0: 1.0, 1: 2.0}, {0: 1.0, 1: 2.0, 2: 0.0})
+    with pytest.raises(ValueError, match="finite"):
+        paired_differences({0: 1.0, 1: 2.0, 2: float("nan")}, {0: 1.0, 1: 2.0, 2: 0.0})
+    a, b = arms(0.1, 0.05)
+    with pytest.raises(ValueError, match="method"):
+        paired_effect(a, b, method="z")
+    with pytest.raises(ValueError, match="confidence"):
+        paired_effect(a, b, confidence=1.5)
+
+
+def test_constant_difference_has_a_zero_width_interval():
+    eff = paired_effect({s: s + 1.0 for s in range(4)}, {s: float(s) for s in range(4)})
+    assert (eff.low, eff.mean, eff.high) == (1.0, 1.0, 1.0)
+    assert classify(eff, 0.5) == GREATER
