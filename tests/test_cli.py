@@ -89,6 +89,7 @@ BAD = [
     ("report --out {file}", "--out"),
     ("report --quick --full", "one preset"),
     ("report --executor nope --out {tmp}/report", "executor"),
+    ("report --seed-offset -1 --out {tmp}/report", "seed-offset"),
 ]
 
 

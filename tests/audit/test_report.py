@@ -140,3 +140,26 @@ def test_report_page_in_a_real_browser(tiny, tmp_path, browser):
     assert not result["console_errors"]
     assert result["numbers_before"] != result["numbers_after"]
     assert shot.stat().st_size > 10_000
+
+
+def test_seed_offset_runs_every_study_on_disjoint_seeds(tiny, tmp_path):
+    """--seed-offset K replicates the studies on other seeds; measurements are reused."""
+    from attnscale.audit.studies import PRESETS, study_specs
+    from attnscale.lab.store import Store
+
+    out, _, _ = tiny
+    db = tmp_path / "results.db"
+    db.write_bytes((out / "results.db").read_bytes())
+    result = R.build_report("tiny", out=tmp_path / "again", db=db, seed_offset=1)
+    assert result["seed_offset"] == 1 and result["seeds"] == [s + 100 for s in
+                                                              PRESETS["tiny"].seeds]
+    with Store(db) as store:
+        runs = store.runs()
+    studies = set(study_specs(PRESETS["tiny"]))
+    seeds = {name: set() for name in studies}
+    for run in runs:
+        seeds.setdefault(run["sweep"], set()).add(run["config"]["seed"])
+    for name in studies:  # every study ran on both seed sets, and they do not meet
+        assert {s for s in seeds[name] if s >= 100} and {s for s in seeds[name] if s < 100}
+    with pytest.raises(ValueError, match="seed_offset"):
+        R.build_report("tiny", out=tmp_path / "bad", seed_offset=-1)

@@ -26,7 +26,7 @@ from attnscale.audit import explorer, figures
 from attnscale.audit.evidence import collect_evidence
 from attnscale.audit.measurements import cached, measure_all
 from attnscale.audit.render import judge_all, render_html
-from attnscale.audit.studies import PRESETS, Preset, study_specs
+from attnscale.audit.studies import PRESETS, Preset, study_specs, with_seed_offset
 from attnscale.lab.executors import EXECUTORS
 from attnscale.lab.store import Store
 from attnscale.lab.sweep import SweepSpec, run_sweep
@@ -67,10 +67,13 @@ def build_report(
     address: str | None = None,
     say: Callable[[str], None] = lambda msg: None,
     progress: Callable[[str, Any], None] | None = None,
+    seed_offset: int = 0,
 ) -> dict[str, Any]:
     """Measure, judge and write the report into folder ``out``; returns the report.json
-    content. ``db`` is the results database (default ``out/results.db``)."""
+    content. ``db`` is the results database (default ``out/results.db``); ``seed_offset`` K
+    trains every study on disjoint seeds (:func:`attnscale.audit.studies.with_seed_offset`)."""
     p = PRESETS[check_choice("preset", preset, PRESETS)]
+    p = with_seed_offset(p, check_int("seed_offset", seed_offset, minimum=0))
     check_int("workers", workers, minimum=1)
     check_choice("executor", executor, EXECUTORS)
     started = time.perf_counter()
@@ -87,7 +90,8 @@ def build_report(
     drawn = figures.draw_all(evidence, measured, out / "figures", measured["minilm"])
     claims, questions = judge_all(evidence, drawn)
     report = jsonable({
-        "schema_version": SCHEMA_VERSION, "preset": preset, "claims": claims,
+        "schema_version": SCHEMA_VERSION, "preset": preset, "seed_offset": seed_offset,
+        "seeds": list(p.seeds), "claims": claims,
         "questions": questions, "versions": versions(), "git_rev": git_revision(),
         "n_runs": n_runs, "bench": measured["bench"]["rows"],
         "elapsed_s": time.perf_counter() - started,

@@ -27,6 +27,8 @@ def report(
     executor: Annotated[str, typer.Option(help="local or ray.")] = "local",
     workers: Annotated[int, typer.Option(min=1, help="Parallel training runs.")] = 2,
     address: Annotated[str | None, typer.Option(help="Ray cluster address.")] = None,
+    seed_offset: Annotated[int, typer.Option(
+        "--seed-offset", min=0, help="Train on disjoint seeds (s + 100·K): a replication.")] = 0,
 ) -> None:
     """Measure every claim of the thread, judge it by its rule, write OUT/index.html and JSON."""
     # the report draws figures with matplotlib, which the other commands do not need
@@ -55,7 +57,7 @@ def report(
 
     with shown_from_first_report(bars):
         result = R.build_report(preset, out, db, executor, workers, address,
-                                say=bars.console.log, progress=progress)
+                                say=bars.console.log, progress=progress, seed_offset=seed_offset)
     print_verdicts(result, preset, out)
 
 
