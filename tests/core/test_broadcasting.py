@@ -114,3 +114,94 @@ def test_gqa_with_fewer_value_heads_than_key_heads():
         out = attention(q, k, v, enable_gqa=True, score=score, **PARAMS.get(score, {}))
         ref = reference_attention(q, k, v, enable_gqa=True, score=score, **PARAMS.get(score, {}))
         torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+
+
+@st.composite
+def any_shapes(draw):
+    """Arbitrary (mostly mismatched) non-empty shapes for q, k, v and a mask."""
+    def shape(last):
+        lead = draw(st.lists(st.integers(1, 3), max_size=3))
+        return (*lead, draw(st.integers(1, 3)), last)
+
+    d = draw(st.integers(1, 3))
+    q, k = shape(d), shape(d if draw(st.integers(0, 9)) else d + 1)
+    v = (*draw(st.sampled_from([k[:-1], shape(2)[:-1]])), draw(st.integers(1, 3)))
+    mask = None
+    if draw(st.booleans()):
+        m = draw(st.lists(st.integers(1, 3), max_size=4))
+        mask = (*m, q[-2], k[-2]) if draw(st.booleans()) else (*m, draw(st.integers(1, 3)), 2)
+    return q, k, v, mask, draw(st.booleans())
+
+
+@given(case=any_shapes())
+def test_accepts_exactly_what_sdpa_accepts(case):
+    """Random shapes, most of them invalid: attnscale raises exactly when SDPA raises, and
+    otherwise returns SDPA's shape and values. (Outside this contract on purpose: empty inputs,
+    which SDPA answers with zeros before any check, and a mask combined with is_causal.)"""
+    q_shape, k_shape, v_shape, mask_shape, gqa = case
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(s, generator=g, dtype=torch.float64)
+               for s in (q_shape, k_shape, v_shape))
+    mask = None if mask_shape is None else torch.rand(mask_shape, generator=g) > 0.2
+    try:
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    except (RuntimeError, ValueError, IndexError):
+        want = None
+    for score in ("scaled_dot", "softcap", "qk_rmsnorm"):
+        try:
+            got = attention(q, k, v, attn_mask=mask, enable_gqa=gqa, score=score,
+                            **PARAMS.get(score, {}))
+        except (ValueError, TypeError):
+            got = None
+        assert (got is None) == (want is None), (score, case)
+        if want is not None:
+            assert got.shape == want.shape
+    if want is not None:
+        got = attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("k_weight_shape", [(8,), (2, 8)])
+def test_key_weights_under_gqa(k_weight_shape):
+    """A shared (D,) key weight stays shared; an (Hk, D) one follows its key head, also when
+    key and value head counts differ."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 5, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 2, 6, 8, generator=g, dtype=torch.float64)
+    w = torch.rand(k_weight_shape, generator=g, dtype=torch.float64) + 0.5
+    for v_heads in (2, 1):
+        v = torch.randn(2, v_heads, 6, 3, generator=g, dtype=torch.float64)
+        out = attention(q, k, v, enable_gqa=True, score="qk_layernorm", k_weight=w)
+        ref = reference_attention(q, k, v, enable_gqa=True, score="qk_layernorm", k_weight=w)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+        stats = attention_stats(q, k, enable_gqa=True, score="qk_layernorm", k_weight=w)
+        assert stats.entropy.shape == (4,)
+    # by hand: normalize each key head with its own weight, then serve two query heads each
+    wk = w if w.dim() == 1 else w.repeat_interleave(2, dim=0)[:, None, :]
+    kk = F.layer_norm(k.repeat_interleave(2, dim=1), (8,)) * wk
+    qq = F.layer_norm(q, (8,))
+    v = torch.randn(2, 2, 6, 3, generator=g, dtype=torch.float64)
+    want = torch.softmax(qq @ kk.transpose(-2, -1) / 8**0.5, -1) @ v.repeat_interleave(2, dim=1)
+    got = attention(q, k, v, enable_gqa=True, score="qk_layernorm", k_weight=w)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("score", sorted(SCORES))
+def test_no_keys_gives_zeros_like_sdpa(score):
+    q = torch.randn(2, 2, 3, 4, dtype=torch.float64, requires_grad=True)
+    k, v = torch.randn(2, 2, 0, 4, dtype=torch.float64), torch.randn(2, 2, 0, 5,
+                                                                     dtype=torch.float64)
+    out = attention(q, k, v, score=score, **PARAMS.get(score, {}))
+    assert out.shape == (2, 2, 3, 5) and not out.any()
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v))
+
+
+def test_numpy_and_tensor_numbers_like_sdpa():
+    import numpy as np
+
+    q, k, v = (torch.randn(1, 2, 4, 8, dtype=torch.float64) for _ in range(3))
+    want = F.scaled_dot_product_attention(q, k, v, dropout_p=np.float32(0), scale=0.5)
+    got = attention(q, k, v, dropout_p=np.float32(0), scale=torch.tensor(0.5))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    with pytest.raises(TypeError, match="dropout_p"):
+        attention(q, k, v, dropout_p="0")

@@ -94,6 +94,8 @@ def test_too_few_seeds_and_bad_arguments():
         paired_effect(a, b, method="z")
     with pytest.raises(ValueError, match="confidence"):
         paired_effect(a, b, confidence=1.5)
+    with pytest.raises(ValueError, match="at least 8 paired seeds"):
+        paired_effect(a, b, method="bootstrap")
 
 
 def test_constant_difference_has_a_zero_width_interval():

@@ -54,6 +54,7 @@ def attention(
     params = resolve_params(sc, score_params, scale)
     x = check_inputs(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     q, k, v = x.q, x.k, x.v  # (B, H, Nq, D), (B, Hk, Nk, D), (B, Hk, Nk, Dv)
+    dropout_p = float(dropout_p)  # NumPy and 0-d tensor values are accepted, as by SDPA
     if x.key_group > 1:
         params = expand_key_head_params(params, x.key_group)
     mask = normalize_mask(x.mask, q.dtype)

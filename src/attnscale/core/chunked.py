@@ -40,8 +40,9 @@ def modded_attention(
 ) -> Tensor:
     learned = any(isinstance(p, Tensor) and p.requires_grad for p in params.values())
     mask_grad = mask is not None and mask.requires_grad
-    if dropout_p > 0.0 or learned or mask_grad:
-        # The chunked kernel has no dropout and treats parameters and masks as constants.
+    if dropout_p > 0.0 or learned or mask_grad or k.shape[-2] == 0:
+        # The chunked kernel has no dropout, treats parameters and masks as constants, and
+        # needs at least one key.
         # Half precision is computed in float32, as the chunked kernel and SDPA's CPU kernels do.
         work = work_dtype(q)
         cast = {n: p.to(work) if isinstance(p, Tensor) and p.is_floating_point() else p

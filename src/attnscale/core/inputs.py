@@ -19,6 +19,7 @@ how to give the output its broadcast shape back.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,9 +95,8 @@ def check_inputs(
                          f"{key.shape[-2]} and {value.shape[-2]}")
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not (
-        0.0 <= dropout_p <= 1.0
-    ):
+    dropout_p = _real_number("dropout_p", dropout_p)
+    if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must be a number in [0, 1], got {dropout_p!r}")
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
@@ -113,10 +113,22 @@ def check_inputs(
     if attn_mask is not None:
         # The mask is added to the logits q·kᵀ, so it may not add dimensions to their shape
         # (the value's leading dimensions broadcast later, in the product with v).
-        logits = broadcast_shape(query.shape[:-2], (*key.shape[:-2][:-1], hq))
+        if hk == hq:
+            logits = broadcast_shape(query.shape[:-2], key.shape[:-2])
+        else:  # GQA: SDPA repeats the key heads first
+            logits = (*broadcast_shape(query.shape[:-3], key.shape[:-3]), hq)
         n = (q.shape[-2], k.shape[-2])
         mask = _check_mask(attn_mask, query.dtype, (*logits, *n), (*lead, hq, *n))
     return Inputs(q, k, v, mask, lead, squeeze, group)
+
+
+def _real_number(name: str, value: Any) -> float:
+    """A Python, NumPy or 0-d tensor real number as a float (SDPA takes all three)."""
+    if isinstance(value, Tensor) and value.dim() == 0 and not value.dtype.is_complex:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    return float(value)
 
 
 def _check_tensor(name: str, t: Any) -> None:
@@ -234,11 +246,12 @@ def visible_counts(
 
 
 def expand_key_head_params(params: Params, group: int) -> dict[str, Any]:
-    """Per-head parameters of the key side (named ``k_*``) follow the key heads; repeat them
-    when the key heads are repeated for GQA."""
+    """Per-head parameters of the key side (named ``k_*``, shape (Hk, D)) follow the key heads;
+    repeat them when the key heads are repeated for GQA. A (D,) weight is shared by every head
+    and stays as it is."""
     return {
         name: p.repeat_interleave(group, dim=0)
-        if name.startswith("k_") and isinstance(p, Tensor) and p.dim() >= 1
+        if name.startswith("k_") and isinstance(p, Tensor) and p.dim() == 2
         else p
         for name, p in params.items()
     }

@@ -38,7 +38,7 @@ def reference_attention(
     sc = get_score(score)
     params = resolve_params(sc, score_params, scale)
     x = check_inputs(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
-    if dropout_p != 0.0:
+    if float(dropout_p) != 0.0:
         raise ValueError(f"dropout_p must be 0 for reference_attention, got {dropout_p}")
     params64 = {n: p.double() if isinstance(p, Tensor) else p for n, p in params.items()}
     if x.key_group > 1:

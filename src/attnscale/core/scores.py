@@ -34,6 +34,7 @@ tensor a per-head weight over the head dimension; ``k_*`` parameters have one ro
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -182,7 +183,10 @@ def resolve_params(score: Score, params: Params, scale: float | None) -> dict[st
             f"scale must be None for score {score.name!r} (its size is set by "
             f"{sorted(score.defaults) or 'nothing'}); use score='scaled_dot' with scale=..."
         )
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+    if isinstance(scale, Tensor) and scale.dim() == 0:  # SDPA takes a 0-d tensor too
+        scale = scale.item()
+    real = isinstance(scale, numbers.Real) and not isinstance(scale, bool)
+    if scale is not None and not (real and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number or None, got {scale!r}")
     merged = {**score.defaults, **params}
     for name in score.positive:

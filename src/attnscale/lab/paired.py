@@ -11,8 +11,9 @@ share. Inference is on the mean difference over seeds:
   sort the m p-values, multiply the k-th smallest by (m − k + 1), keep the running maximum;
 * :func:`classify`: the reading of an interval against the smallest effect a rule treats as
   real, δ > 0. Above +δ or below −δ entirely: a real effect of that sign; inside (−δ, +δ)
-  entirely: equal within δ (the two one-sided tests of equivalence, at the interval's level);
-  anything else: ``inconclusive``, never a verdict read from overlapping intervals.
+  entirely: equal within δ (two one-sided tests of equivalence, each at level α/2 for a
+  (1 − α) interval: conservative); anything else: ``inconclusive``, never a verdict read from
+  overlapping intervals.
 
 Henderson et al. 2018 (arXiv 1709.06560) and Agarwal et al. 2021 (arXiv 2108.13264) show why
 few-seed point estimates mislead; a rule needs at least :data:`MIN_SEEDS` paired seeds.
@@ -31,6 +32,7 @@ from scipy import stats
 from attnscale.util.validate import check_choice, check_float
 
 MIN_SEEDS = 3
+MIN_BOOTSTRAP_SEEDS = 8  # with n = 3 a bootstrap has 10 distinct resamples: no interval
 GREATER, LESS, EQUAL, INCONCLUSIVE = "greater", "less", "equal", "inconclusive"
 METHODS = ("t", "bootstrap")
 
@@ -78,6 +80,9 @@ def paired_effect(
     check_float("confidence", confidence, low=0.0, high=1.0)
     check_choice("method", method, METHODS)
     d = paired_differences(a, b)
+    if method == "bootstrap" and len(d) < MIN_BOOTSTRAP_SEEDS:
+        raise ValueError(f"method='bootstrap' needs at least {MIN_BOOTSTRAP_SEEDS} paired "
+                         f"seeds, got {len(d)}; use method='t'")
     n, mean = len(d), float(d.mean())
     sd = float(d.std(ddof=1))
     if sd == 0.0:  # every seed moved by the same amount: the interval is that amount
