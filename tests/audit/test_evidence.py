@@ -39,60 +39,42 @@ def store(tmp_path):
         yield s
 
 
-def test_best_loss_uses_the_clipped_loss_at_the_best_lr(store):
-    ev = E.evidence_lr(store)
-    sd, dot = ev["best_loss"]["text"]["scaled_dot"], ev["best_loss"]["text"]["dot"]
-    assert sd["mean"] == pytest.approx(2.1) and sd["n"] == 2 and sd["lo"] < 2.0 < sd["hi"]
-    assert dot["mean"] == pytest.approx(3.5)  # min(5, loss0 = 4) = 4 and 3
-    row = ev["by_task"]["text"]["dot"]
-    assert row["best_lr"] == 1e-2 and row["divergence_rate"] == 0.5 and row["stable_lrs"] == [1e-2]
-    assert row["lr_sensitivity"] == pytest.approx((4.0 - 3.5) / 2)
-    assert "queued" not in ev["runs"] and len(ev["runs"]) == 8
-    assert ev["by_width"]["32"]["dot"]["max_stable_lr"] == 1e-2
-    assert ev["by_width"]["32"]["scaled_dot"]["peak_max_logit"] == 3.0
+def runs_of(store, sweep):
+    from attnscale.audit.running import study_runs
+    return study_runs(store, sweep)
 
 
-def test_trained_logits_at_the_best_lr(store):
-    ev = E.evidence_trained_logits(store, n=64)
-    assert ev["trained_max_abs_logit"] == 3.0 and ev["growth"] == pytest.approx(3.0)
-    best = [config_id(resolve({"task": "text", "d_model": 32, "lr": 1e-2, "seed": seed,
-                               "score": "scaled_dot"})) for seed in (0, 1)]
-    assert sorted(ev["runs"]) == sorted(best)
+def test_lr_sweep_sensitivity_and_instability_per_seed(store):
+    """Sensitivity is each seed's mean clipped loss over the grid minus its minimum; a diverged
+    run is unstable, and so is a final loss more than 1 nat above the width's best."""
+    from attnscale.audit.studies import Study
+    runs = runs_of(store, "lr_text")
+    study = Study("lr_text", ("C11",), {"seq_len": 32}, ("scaled_dot", "dot"), (1e-2, 1e-1),
+                  (0, 1), cells={"d_model": (32,)})
+    ev = E.lr_text_evidence(study, runs)
+    dot = ev["sweep"]["d_model=32"]["dot"]
+    # seed 0: c = (3.0, 4.0 clipped) -> 0.5; seed 1: (4.0 clipped, 4.0) -> 0
+    assert dot["sensitivity"] == pytest.approx({"0": 0.5, "1": 0.0})
+    # best over the width is 2.0: 3.0 is fine, 5.0 (> 3.0) and the divergences are unstable
+    assert dot["unstable"] == pytest.approx({"0": 0.5, "1": 1.0})
+    sd = ev["sweep"]["d_model=32"]["scaled_dot"]
+    assert sd["unstable"] == pytest.approx({"0": 0.0, "1": 0.0})
+    # the leave-one-seed-out choice: each seed read at the LR the other seed found best
+    assert ev["loss"]["d_model=32"]["scaled_dot"]["lrs"] == {"0": 1e-2, "1": 1e-2}
 
 
-def test_salience_accuracy_counts_a_missing_metric_as_zero(tmp_path):
-    with Store(tmp_path / "r.db") as s:
-        finish(s, "salience", "a", "scaled_dot", {"lr": 1e-3, "seed": 0}, 1.0, metric=0.9)
-        finish(s, "salience", "b", "scaled_dot", {"lr": 1e-3, "seed": 1}, 1.0, metric=None,
-               status="diverged")
-        ev = E.evidence_salience(s)
-    assert ev["accuracy"]["scaled_dot"]["mean"] == pytest.approx(0.45)
-    assert 0 < ev["chance"] < 1
+def test_unstable_marks_logits_past_wortsman_limit():
+    run = {"status": "done", "final_loss": 2.0, "history": [{"step": 0, "max_abs_logit": 2e4}]}
+    assert E.unstable(run, best=2.0)
+    run["history"][0]["max_abs_logit"] = 10.0
+    assert not E.unstable(run, best=2.0) and E.unstable(run, best=0.5)
 
 
-def test_length_accuracy_per_variant_and_eval_length(tmp_path):
-    with Store(tmp_path / "r.db") as s:
-        for seed, (a2, a4) in enumerate(((1.0, 0.5), (0.8, None))):
-            cfg = {"task": "length", "seq_len": 32, "pos": "none", "lr": 1e-3, "seed": seed}
-            config = resolve(cfg)
-            rid = config_id(config)
-            s.add_runs([{"id": rid, "config": config, "variant": "scaled_dot"}], sweep="length")
-            s.finish(rid, {"status": "done", "final_loss": 1.0, "history": [],
-                           "final_metrics": {"n=64": {"metric": a2}, "n=128": {"metric": a4},
-                                             "train": {"metric": 1.0}}})
-        ev = E.evidence_length(s)
-    acc = ev["accuracy"]["scaled_dot"]
-    assert set(acc) == {"n=64", "n=128"} and acc["n=64"]["mean"] == pytest.approx(0.9)
-    assert acc["n=128"]["mean"] == pytest.approx(0.25)  # a missing metric counts as 0
-    assert len(ev["runs"]) == 2 and 0 < ev["chance"] < 1
-
-
-def test_bench_ratios():
-    rows = [{"n": n, "score": sc, "causal": False, "fwdbwd_ms": ms}
-            for n, sc, ms in ((256, "cosine", 3.0), (256, "scaled_dot", 2.0),
-                              (1024, "cosine", 8.0), (1024, "scaled_dot", 8.0))]
-    rows.append({"n": 256, "score": "cosine", "causal": True, "fwdbwd_ms": 99.0})
-    assert E.bench_ratios(rows) == {"256": 1.5, "1024": 1.0}
+def test_layer_stat_reads_init_and_last_rows():
+    run = {"history": [{"layers": [{"logit_std": 1.0}]}, {"layers": [{"logit_std": 3.0}]}]}
+    assert E.layer_stat(run, "logit_std", 0) == 1.0
+    assert E.layer_stat(run, "logit_std", -1) == 3.0
+    assert E.layer_stat({"history": []}, "logit_std", 0) is None
 
 
 def test_measurements_are_cached_in_the_store(tmp_path):

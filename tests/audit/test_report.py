@@ -41,12 +41,26 @@ def test_report_json_validates(tiny):
 def test_every_claim_has_a_computed_verdict_and_its_rule(tiny):
     _, result, _ = tiny
     for entry in result["claims"] + result["questions"]:
-        assert entry["verdict"] in ("supported", "refuted", "depends")
-        assert entry["rule"] and entry["because"]
+        assert entry["verdict"] in ("supported", "refuted", "depends", "inconclusive")
+        assert entry["rule"] and entry["because"] and entry["headline"]
     by_id = {c["id"]: c for c in result["claims"]}
     assert by_id["C1"]["verdict"] == "supported"  # the implementation is exact
     assert by_id["C8"]["verdict"] == "refuted"  # E[q·k] is 0, not O(d_k)
-    assert by_id["C6"]["runs"]  # training claims name their runs
+    # the tiny preset trains 3 steps: no task is learned, so no task claim is decided
+    assert all(by_id[c]["verdict"] == "inconclusive" for c in ("C3", "C4"))
+
+
+def test_tiny_preset_runs_every_study_with_three_seeds(tiny):
+    from attnscale.audit.studies import PRESETS, studies
+    out, _, _ = tiny
+    with Store(out / "results.db") as store:
+        runs = store.runs()
+    plan = studies(PRESETS["tiny"])
+    for name, study in plan.items():
+        mine = [r for r in runs if r["sweep"] == name]
+        assert {r["variant"] for r in mine} == set(study.arms), name
+        reported = {r["config"]["seed"] for r in mine} - set(study.tune_seeds)
+        assert reported == set(study.seeds) and len(reported) >= 3, name
 
 
 def test_page_is_self_contained(tiny):
@@ -69,18 +83,19 @@ def test_rerun_reuses_everything(tiny):
     assert again["n_runs"] == first["n_runs"]
     with Store(out / "results.db") as store:  # every measurement is cached in the one store
         kinds = {r[0] for r in store.conn.execute("SELECT kind FROM measurements")}
-    assert kinds == {"implementation", "qk", "rem", "bench", "minilm", "explorer"}
+    assert kinds == {"implementation", "qk", "rem", "bench", "jacobian", "minilm", "explorer"}
 
 
 def test_html_escapes_every_string():
     evil = "<script>alert('x')</script>"
     entry = {"id": "C1", "claim": evil, "measures": evil, "verdict": "supported", "rule": evil,
-             "because": evil, "thread_wrong": evil, "evidence": {"config": evil},
+             "because": evil, "headline": evil, "plain": [evil], "regime": evil,
+             "smallest": evil, "evidence": {"config": evil},
              "numbers": {}, "figures": [], "runs": [evil]}
+    ratio = {"ratio": 1.0, "lo": 0.9, "hi": 1.1, "n": 3}
     report = {"claims": [entry], "questions": [], "preset": evil, "git_rev": evil,
               "versions": {"attnscale": evil, "torch": evil}, "elapsed_s": 1.0, "n_runs": 0,
-              "bench": [{"score": evil, "n": 1, "fwdbwd_ms": 1.0, "sdpa_fwdbwd_ms": 1.0,
-                         "ratio_fwdbwd": 1.0, "gflops": 1.0}]}
+              "bench": {"rows": [{"n": evil, "cosine": ratio, "floor": ratio}]}}
     html = render.render_html(report, "<p>explorer</p>")
     assert evil not in html
     assert "&lt;script&gt;alert(" in html
@@ -88,10 +103,11 @@ def test_html_escapes_every_string():
 
 def test_the_evidence_on_the_page_is_strict_json():
     entry = {"id": "C1", "claim": "c", "measures": "m", "verdict": "supported", "rule": "r",
-             "because": "b", "thread_wrong": "", "evidence": {"x": math.nan, "y": [1.5]},
-             "numbers": {}, "figures": [], "runs": []}
+             "because": "b", "headline": "h", "plain": [], "regime": "", "smallest": "",
+             "evidence": {"x": math.nan, "y": [1.5]}, "numbers": {}, "figures": [], "runs": []}
     report = {"claims": [entry], "questions": [], "preset": "tiny", "git_rev": "abc",
-              "versions": {"attnscale": "0"}, "elapsed_s": 1.0, "n_runs": 0, "bench": []}
+              "versions": {"attnscale": "0"}, "elapsed_s": 1.0, "n_runs": 0,
+              "bench": {"rows": []}}
     html = render.render_html(report, "")
     quoted = '&#34;x&#34;: '  # the page escapes the JSON's quotes
     assert quoted + "null" in html and quoted + "NaN" not in html
@@ -144,7 +160,7 @@ def test_report_page_in_a_real_browser(tiny, tmp_path, browser):
 
 def test_seed_offset_runs_every_study_on_disjoint_seeds(tiny, tmp_path):
     """--seed-offset K replicates the studies on other seeds; measurements are reused."""
-    from attnscale.audit.studies import PRESETS, study_specs
+    from attnscale.audit.studies import PRESETS, studies
     from attnscale.lab.store import Store
 
     out, _, _ = tiny
@@ -153,13 +169,29 @@ def test_seed_offset_runs_every_study_on_disjoint_seeds(tiny, tmp_path):
     result = R.build_report("tiny", out=tmp_path / "again", db=db, seed_offset=1)
     assert result["seed_offset"] == 1 and result["seeds"] == [s + 100 for s in
                                                               PRESETS["tiny"].seeds]
+    assert result["tune_seeds"] == [s + 100 for s in PRESETS["tiny"].tune_seeds]
     with Store(db) as store:
         runs = store.runs()
-    studies = set(study_specs(PRESETS["tiny"]))
-    seeds = {name: set() for name in studies}
+    names = set(studies(PRESETS["tiny"]))
+    seeds = {name: set() for name in names}
     for run in runs:
         seeds.setdefault(run["sweep"], set()).add(run["config"]["seed"])
-    for name in studies:  # every study ran on both seed sets, and they do not meet
+    for name in names:  # every study ran on both seed sets, and they do not meet
         assert {s for s in seeds[name] if s >= 100} and {s for s in seeds[name] if s < 100}
     with pytest.raises(ValueError, match="seed_offset"):
         R.build_report("tiny", out=tmp_path / "bad", seed_offset=-1)
+
+
+def test_the_page_shows_each_verdicts_headline_and_plain_sentences():
+    def page(sentence):
+        entry = {"id": "C1", "claim": "c", "measures": "m", "verdict": "inconclusive",
+                 "rule": "r", "because": "b", "headline": f"inconclusive: {sentence}",
+                 "plain": [sentence], "regime": "unit init", "smallest": "0.02 nats",
+                 "evidence": {}, "numbers": {}, "figures": [], "runs": []}
+        report = {"claims": [entry], "questions": [], "preset": "tiny", "git_rev": "abc",
+                  "versions": {"attnscale": "0"}, "elapsed_s": 1.0, "n_runs": 0,
+                  "bench": {"rows": []}}
+        return render.render_html(report, "")
+    one, other = page("gap +0.35 nats"), page("gap -0.01 nats")
+    assert "gap +0.35 nats" in one and "gap +0.35 nats" not in other
+    assert "unit init" in one and "0.02 nats" in one and 'class="verdict inconclusive"' in one

@@ -1,125 +1,232 @@
-"""The training rules flip when fed the opposite evidence: no verdict is hard-coded."""
+"""The head-dimension and scaled-vs-rivals rules (C6, C7, C13) on synthetic per-seed evidence:
+each flips with opposite data, reads inconclusive when there is no effect at 5 seeds, and its
+numbers are scipy's paired t-test."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from scipy import stats
 
 from attnscale.audit import rules_training as T
-from attnscale.audit import verdicts as V
+from attnscale.audit.verdicts import LOSS_DELTA
+
+SEEDS = 5  # the standard preset's reported seeds (head_dim and lr_text studies)
+DKS = (16, 64, 128, 256)
+NULL_DRAWS = range(20)  # rng seeds of the no-effect tests: every one must read inconclusive
 
 
-def ci(mean, half=0.01, n=3):
-    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n}
+class Draw:
+    """One synthetic study: every arm shares a per-seed level (same init and data order), so
+    only the paired difference removes it."""
+
+    def __init__(self, rng_seed, n=SEEDS, spread=0.2):
+        self.rng = np.random.default_rng(rng_seed)
+        self.level = self.rng.normal(0.0, spread, n)
+
+    def arm(self, mean, noise, censored=False):
+        x = mean + self.level + noise * self.rng.standard_normal(self.level.size)
+        seeds = [str(s) for s in range(x.size)]
+        return {"values": dict(zip(seeds, map(float, x), strict=True)),
+                "lrs": dict.fromkeys(seeds, 0.01), "censored": censored, "curve": {}}
 
 
-def test_c3():
-    ev = {"accuracy": {"scaled_dot": ci(0.95), "cosine_tau1": ci(0.2), "cosine_tau10": ci(0.3),
-                       "cosine_learned": ci(0.4)}, "chance": 0.125}
-    assert T.judge_c3(ev).verdict == "supported"
-    ev["accuracy"]["cosine_learned"] = ci(0.96)
-    assert T.judge_c3(ev).verdict == "refuted"
-    ev["accuracy"]["cosine_learned"] = ci(0.9, 0.03)
-    assert T.judge_c3(ev).verdict == "depends"
-    ev["accuracy"]["scaled_dot"] = ci(0.13)  # nothing learned: inconclusive, whatever cosine does
-    ev["accuracy"]["cosine_learned"] = ci(0.12)
-    assert T.judge_c3(ev).verdict == "depends"
-    assert "inconclusive" in T.judge_c3(ev).because
+def vals(arm):
+    return np.array(list(arm["values"].values()))
 
 
-def test_c4():
-    ev = {"accuracy": {"scaled_dot": ci(1.0), "cosine_tau1": ci(0.1), "cosine_tau10": ci(0.99),
-                       "cosine_learned": ci(0.98)}, "max_weight_bound": 0.0142, "n": 512,
-          "chance": 0.25}
-    assert T.judge_c4(ev).verdict == "depends"
-    ev["accuracy"]["cosine_tau10"] = ci(0.2)
-    ev["accuracy"]["cosine_learned"] = ci(0.1)
-    assert T.judge_c4(ev).verdict == "supported"
-    ev["accuracy"]["cosine_tau1"] = ci(0.95)
-    assert T.judge_c4(ev).verdict == "refuted"
-    ev["accuracy"] = {k: ci(0.27) for k in ev["accuracy"]}  # chance 0.25: nothing learned
-    assert T.judge_c4(ev).verdict == "depends"
+def one_sided(a, b, reading, delta=LOSS_DELTA):
+    """scipy's one-sided paired p-value of a reading of a − b against ±delta."""
+    if reading == "greater":
+        return stats.ttest_rel(a, b + delta, alternative="greater").pvalue
+    if reading == "less":
+        return stats.ttest_rel(a, b - delta, alternative="less").pvalue
+    return max(stats.ttest_rel(a, b - delta, alternative="greater").pvalue,
+               stats.ttest_rel(a, b + delta, alternative="less").pvalue)
 
 
-def test_c6():
-    ev = {"best_loss": {t: {"scaled_dot": ci(1.0), "dot": ci(1.5), "cosine_tau1": ci(2.0)}
-                        for t in ("mqar", "text")}}
-    assert T.judge_c6(ev).verdict == "supported"
-    for t in ev["best_loss"]:
-        ev["best_loss"][t]["cosine_tau1"] = ci(0.5)
-    assert T.judge_c6(ev).verdict == "refuted"
-    ev["best_loss"]["text"]["cosine_tau1"] = ci(2.0)
-    assert T.judge_c6(ev).verdict == "depends"
+def assert_scipy(c, a, b, delta=LOSS_DELTA):
+    """A one-comparison family's numbers against scipy.stats.ttest_rel."""
+    a, b = vals(a), vals(b)
+    ci = stats.ttest_rel(a, b).confidence_interval(0.95)
+    assert c["mean"] == pytest.approx(float(np.mean(a - b)), abs=1e-12)
+    assert (c["lo"], c["hi"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
+    assert c["p_holm"] == pytest.approx(one_sided(a, b, c["reading"], delta), rel=1e-9)
 
 
-def dk(gaps):
-    return {"best_loss": {str(d): {"scaled_dot": ci(1.0), "dot": ci(1.0 + g)}
-                          for d, g in zip((8, 32, 128), gaps, strict=True)}}
+# ------------------------------------------------------------------------------ C7, C13
 
 
-def test_c7_and_c13():
-    growing = dk([0.0, 0.2, 0.8])
-    assert T.judge_c7(growing).verdict == "refuted"
-    assert T.judge_c13(growing).verdict == "supported"
-    flat = dk([0.0, 0.0, 0.0])
-    assert T.judge_c7(flat).verdict == "supported"
-    assert T.judge_c13(flat).verdict == "refuted"
-    middle = dk([0.0, 0.5, 0.0])
-    assert T.judge_c7(middle).verdict == "depends"
-    shrinking = dk([0.9, 0.5, 0.3])
-    assert T.judge_c13(shrinking).verdict == "depends"
+def head_dim(draw, gap, absorbed=0.0, noise=0.002, gpt2_gap=0.0, dks=DKS):
+    """Head-dimension evidence: dot − scaled_dot = gap(d_k) in the unit regime."""
+    gap_at = gap if callable(gap) else (lambda d: gap)
+    loss = {}
+    for init in ("gpt2", "unit"):
+        for d in dks:
+            g = gap_at(d) if init == "unit" else gpt2_gap
+            loss[T.cell(init, d)] = {"scaled_dot": draw.arm(2.0, noise),
+                                     "dot": draw.arm(2.0 + g, noise),
+                                     "dot_absorbed": draw.arm(2.0 + absorbed, noise)}
+    entropy = {k: {"dot": draw.arm(0.5, 0.01), "scaled_dot": draw.arm(0.9, 0.01)}
+               for k in loss}
+    return {"loss": loss, "entropy_init": entropy, "entropy_end": entropy,
+            "inits": ["gpt2", "unit"], "head_dims": list(dks),
+            "seeds": list(range(draw.level.size))}
 
 
-def width(dot_div, sd_div, dot_lr, dot_sens, sd_sens=0.1):
-    return {"dot": {"divergence_rate": dot_div, "max_stable_lr": dot_lr,
-                    "lr_sensitivity": dot_sens},
-            "scaled_dot": {"divergence_rate": sd_div, "max_stable_lr": 0.1,
-                           "lr_sensitivity": sd_sens}}
+def test_c7_flips_between_absorbed_and_not():
+    ok = T.judge_c7(head_dim(Draw(0), 0.0))
+    assert ok.verdict == "supported"
+    bad = T.judge_c7(head_dim(Draw(0), 0.2, absorbed=0.2))
+    assert bad.verdict == "refuted"
+    assert T.judge_c7(head_dim(Draw(0), 0.2, absorbed=0.0)).verdict == "depends"
+    # the sentences carry the numbers, so they change with the evidence
+    assert ok.plain != bad.plain and ok.headline != bad.headline
+    assert f"{bad.numbers['dot']['256']['mean']:+.3f}" in bad.headline
+    assert f"{bad.numbers['absorbed']['256']['mean']:+.3f} nats" in bad.plain[0]
 
 
-def test_c11():
-    unstable = {"by_width": {"64": width(0.3, 0.0, 0.03, 0.3), "128": width(0.5, 0.0, 0.01, 0.5)}}
-    assert T.judge_c11(unstable).verdict == "supported"
-    stable = {"by_width": {"64": width(0.0, 0.0, 0.1, 0.1), "128": width(0.0, 0.0, 0.1, 0.12)}}
-    assert T.judge_c11(stable).verdict == "refuted"
-    mixed = {"by_width": {"64": width(0.3, 0.0, 0.01, 0.3), "128": width(0.5, 0.0, 0.03, 0.1)}}
-    assert T.judge_c11(mixed).verdict == "depends"
+def test_c7_dot_better_than_scaled_still_supports():
+    assert T.judge_c7(head_dim(Draw(1), -0.2)).verdict == "supported"
 
 
-def q1_rows(modern_loss, modern_sens):
-    rows = {"scaled_dot": {"best_loss": ci(1.0), "lr_sensitivity": 0.3}}
-    for m in ("qk_layernorm", "softcap"):
-        rows[m] = {"best_loss": ci(modern_loss), "lr_sensitivity": modern_sens}
-    return rows
+@pytest.mark.parametrize("rng_seed", NULL_DRAWS)
+def test_c7_no_effect_is_inconclusive(rng_seed):
+    ev = head_dim(Draw(rng_seed), 0.0, absorbed=0.0, noise=LOSS_DELTA)
+    assert T.judge_c7(ev).verdict == "inconclusive"
 
 
-def test_q1():
-    assert T.judge_q1({"by_task": {"mqar": q1_rows(1.0, 0.1), "text": q1_rows(0.9, 0.1)}}
-                      ).verdict == "supported"
-    assert T.judge_q1({"by_task": {"mqar": q1_rows(2.0, 0.1), "text": q1_rows(1.0, 0.5)}}
-                      ).verdict == "refuted"
-    assert T.judge_q1({"by_task": {"mqar": q1_rows(1.0, 0.1), "text": q1_rows(2.0, 0.1)}}
-                      ).verdict == "depends"
-    assert T.judge_q1({"by_task": {}}).verdict == "depends"
+def test_c7_censored_or_few_seeds_is_inconclusive():
+    ev = head_dim(Draw(2), 0.0)
+    ev["loss"][T.cell("unit", 256)]["dot"]["censored"] = True
+    v = T.judge_c7(ev)
+    assert v.verdict == "inconclusive" and "censored" in v.numbers["dot"]["256"]["why"]
+    assert T.judge_c7(head_dim(Draw(2, n=2), 0.0)).verdict == "inconclusive"
+    assert T.judge_c7(head_dim(Draw(2, n=3), 0.0)).verdict == "supported"
 
 
-def test_q3():
-    acc = {"scaled_dot": {"n=64": ci(1.0), "n=128": ci(0.6), "n=256": ci(0.3)},
-           "log_length": {"n=64": ci(1.0), "n=128": ci(0.8), "n=256": ci(0.7)}}
-    assert T.judge_q3({"accuracy": acc}).verdict == "supported"
-    acc["log_length"] = {"n=64": ci(1.0), "n=128": ci(0.5), "n=256": ci(0.2)}
-    assert T.judge_q3({"accuracy": acc}).verdict == "refuted"
-    acc["log_length"] = {"n=64": ci(1.0), "n=128": ci(0.7), "n=256": ci(0.3)}
-    assert T.judge_q3({"accuracy": acc}).verdict == "depends"
-    acc["log_length"] = {"n=64": ci(1.0), "n=128": ci(0.8), "n=256": ci(0.7)}
-    assert T.judge_q3({"accuracy": acc, "chance": 0.25}).verdict == "supported"
-    acc["scaled_dot"]["n=64"] = ci(0.3)  # the baseline never learned the task
-    assert T.judge_q3({"accuracy": acc, "chance": 0.25}).verdict == "depends"
+def test_c7_statistics_are_scipys():
+    ev = head_dim(Draw(3), 0.1, absorbed=0.0, noise=0.01, dks=(64,))
+    v = T.judge_c7(ev)
+    row = ev["loss"][T.cell("unit", 64)]
+    assert v.numbers["dot"]["64"]["reading"] == "greater"
+    assert_scipy(v.numbers["dot"]["64"], row["dot"], row["scaled_dot"])
+    assert_scipy(v.numbers["absorbed"]["64"], row["dot_absorbed"], row["scaled_dot"])
 
 
-def test_shared_comparisons():
-    assert V.above(ci(0.9), ci(0.5)) and not V.above(ci(0.5), ci(0.49))
-    assert V.above({"mean": 0.6}, {"mean": 0.5})  # single seeds: the means
-    assert V.not_learned(ci(0.3), chance=0.25) and not V.not_learned(ci(0.6), chance=0.25)
-    assert V.fmt_ci(ci(0.5)) == "0.5 [0.49, 0.51]" and V.fmt_ci({"mean": 0.5}) == "0.5"
-    assert V.fmt_ci(None) == "n/a"
-    assert V.loglog_slope([1, 10, 100], [2, 20, 200]) == pytest.approx(1.0)
+def growing(d):
+    return 0.05 + 0.05 * np.log2(d / 16)  # +0.05 nats per doubling of d_k
+
+
+def test_c13_flips_between_a_growing_gap_and_none():
+    yes = T.judge_c13(head_dim(Draw(4), growing))
+    assert yes.verdict == "supported"
+    no = T.judge_c13(head_dim(Draw(4), 0.0))
+    assert no.verdict == "refuted"
+    assert T.judge_c13(head_dim(Draw(4), -0.2)).verdict == "refuted"  # dot better
+    flat = T.judge_c13(head_dim(Draw(4), 0.2))  # there, but not growing
+    assert flat.verdict == "depends" and flat.numbers["slope"]["reading"] == "equal"
+    assert yes.headline != no.headline and yes.plain != no.plain
+    assert f"{yes.numbers['slope']['mean']:+.3f}" in yes.headline
+
+
+def test_c13_shows_the_gpt2_regime_beside_it():
+    v = T.judge_c13(head_dim(Draw(5), growing, gpt2_gap=0.3))
+    gpt2 = v.numbers["context"]["gpt2"]["256"]
+    assert gpt2["reading"] == "greater"
+    assert any(f"With gpt2 init the gap at d_k=256 is {gpt2['mean']:+.3f}" in p for p in v.plain)
+
+
+@pytest.mark.parametrize("rng_seed", NULL_DRAWS)
+def test_c13_no_effect_is_inconclusive(rng_seed):
+    ev = head_dim(Draw(rng_seed), 0.0, noise=LOSS_DELTA)
+    assert T.judge_c13(ev).verdict == "inconclusive"
+
+
+def test_c13_censored_or_few_seeds_is_inconclusive():
+    ev = head_dim(Draw(6), growing)
+    ev["loss"][T.cell("unit", 256)]["scaled_dot"]["censored"] = True
+    assert T.judge_c13(ev).verdict == "inconclusive"
+    assert T.judge_c13(head_dim(Draw(6, n=2), growing)).verdict == "inconclusive"
+
+
+def test_c13_slope_is_scipys_regression_and_t_test():
+    ev = head_dim(Draw(7), growing, noise=0.01)
+    v = T.judge_c13(ev)
+    x = np.log2(DKS)
+    slopes = []
+    for s in map(str, range(SEEDS)):
+        gap = [ev["loss"][T.cell("unit", d)]["dot"]["values"][s]
+               - ev["loss"][T.cell("unit", d)]["scaled_dot"]["values"][s] for d in DKS]
+        slopes.append(stats.linregress(x, gap).slope)
+    slope = v.numbers["slope"]
+    ci = stats.ttest_1samp(slopes, 0.0).confidence_interval(0.95)
+    assert slope["mean"] == pytest.approx(np.mean(slopes), rel=1e-9)
+    assert (slope["lo"], slope["hi"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
+    p = stats.ttest_1samp(slopes, T.SLOPE_DELTA, alternative="greater").pvalue
+    assert slope["reading"] == "greater" and slope["p_holm"] == pytest.approx(p, rel=1e-9)
+
+
+# ------------------------------------------------------------------------------ C6
+
+
+WIDTHS = ("d_model=32", "d_model=128")
+
+
+def c6(draw, text_gap, retrieval_gap=None, noise=0.002, arms=("dot", "cosine_tau1")):
+    """rival − scaled_dot = gap[rival] on text (each width) and on retrieval."""
+    def row(gap):
+        return {"scaled_dot": draw.arm(2.0, noise),
+                **{r: draw.arm(2.0 + gap[r], noise) for r in arms}}
+    retrieval_gap = text_gap if retrieval_gap is None else retrieval_gap
+    return {"text": {"loss": {w: row(text_gap) for w in WIDTHS}},
+            "retrieval": {"loss": {"all": row(retrieval_gap)}}}
+
+
+def test_c6_flips_between_scaled_best_and_not():
+    yes = T.judge_c6(c6(Draw(8), {"dot": 0.2, "cosine_tau1": 0.3}))
+    assert yes.verdict == "supported" and yes.headline == "supported: scaled better in 6/6"
+    no = T.judge_c6(c6(Draw(8), {"dot": -0.2, "cosine_tau1": 0.0}))
+    assert no.verdict == "refuted" and no.headline == "refuted: scaled better in 0/6"
+    mixed = T.judge_c6(c6(Draw(8), {"dot": 0.2, "cosine_tau1": -0.2}))
+    assert mixed.verdict == "depends"
+    assert "d_model=32: dot" in mixed.plain[0] and "retrieval: cosine_tau1" in mixed.plain[1]
+    assert yes.plain != no.plain != mixed.plain
+
+
+@pytest.mark.parametrize("rng_seed", NULL_DRAWS)
+def test_c6_no_effect_is_inconclusive(rng_seed):
+    ev = c6(Draw(rng_seed), {"dot": 0.0, "cosine_tau1": 0.0}, noise=LOSS_DELTA)
+    assert T.judge_c6(ev).verdict == "inconclusive"
+
+
+def test_c6_missing_censored_or_few_seeds_is_inconclusive():
+    ev = c6(Draw(9), {"dot": 0.2, "cosine_tau1": 0.3})
+    del ev["retrieval"]["loss"]["all"]["cosine_tau1"]
+    v = T.judge_c6(ev)
+    assert v.numbers["retrieval: cosine_tau1"]["why"] == "an arm has no runs"
+    assert v.verdict == "inconclusive"
+    ev = c6(Draw(9), {"dot": 0.2, "cosine_tau1": 0.3})
+    ev["text"]["loss"]["d_model=32"]["dot"]["censored"] = True
+    assert T.judge_c6(ev).verdict == "inconclusive"
+    ev = c6(Draw(9, n=2), {"dot": 0.2, "cosine_tau1": 0.3})
+    assert T.judge_c6(ev).verdict == "inconclusive"
+
+
+def test_c6_holm_over_its_six_comparisons_is_scipys():
+    ev = c6(Draw(10), {"dot": 0.06, "cosine_tau1": 0.0}, noise=0.015)
+    v = T.judge_c6(ev)
+    keys = list(v.numbers)
+    assert len(keys) == 6
+    def arms(k):
+        where, rival = k.split(": ")
+        row = ev["retrieval"]["loss"]["all"] if where == "retrieval" else ev["text"]["loss"][where]
+        return vals(row[rival]), vals(row["scaled_dot"])
+    best = {k: min(("greater", "less", "equal"), key=lambda r, k=k: one_sided(*arms(k), r))
+            for k in keys}
+    ps = np.array([one_sided(*arms(k), best[k]) for k in keys])
+    order = np.argsort(ps)
+    holm = np.maximum.accumulate(np.minimum(1, (len(ps) - np.arange(len(ps))) * ps[order]))
+    for k, p in zip((keys[i] for i in order), holm, strict=True):
+        assert v.numbers[k]["p_holm"] == pytest.approx(p, rel=1e-9)
+        assert v.numbers[k]["reading"] == (best[k] if p <= 0.025 else "inconclusive")

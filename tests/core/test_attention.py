@@ -399,3 +399,17 @@ def test_half_precision_rows_with_a_large_norm(score):
     got = attention(q.half(), k.half(), v.half(), score=score)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=0.5)  # v is ~40 in size
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_zero_scale_gives_uniform_attention(causal):
+    """scale=0 makes every logit 0: the mean of the visible values (PyTorch's CPU flash kernel
+    alone returns NaN here when causal)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g) for _ in range(3))
+    out = attention(q, k, v, scale=0.0, is_causal=causal)
+    if causal:
+        expected = v.cumsum(-2) / torch.arange(1, 6).view(1, 1, 5, 1)
+    else:
+        expected = v.mean(-2, keepdim=True).expand_as(v)
+    torch.testing.assert_close(out, expected)

@@ -189,3 +189,127 @@ def test_unit_init_gives_q_and_k_components_of_unit_variance(d_model):
             var = float(captured[name].var())
             # d_model² weights and 512 rows: the sample variance is within 20% of its mean
             assert var == pytest.approx(want, rel=0.2), (init, name, var)
+
+
+# ------------------------------------------------------------------------------------------
+# Where the salience scale acts (cue_at)
+# ------------------------------------------------------------------------------------------
+
+
+def cue(x: torch.Tensor, seed: int = 2) -> torch.Tensor:
+    """A salience-like scale: ~1 everywhere, one position per row at ~3."""
+    g = torch.Generator().manual_seed(seed)
+    scale = 1.0 + 0.1 * (2 * torch.rand(x.shape, generator=g) - 1)
+    scale[torch.arange(x.shape[0]), torch.randint(0, x.shape[1], (x.shape[0],), generator=g)] = 3.0
+    return scale
+
+
+def first_layer_tensors(model: GPT, x: torch.Tensor, scale: torch.Tensor | None) -> dict:
+    """The residual stream entering block 0, its q and v projections, the k entering the score
+    (after the key scale), and the output logits."""
+    got: dict = {}
+    attn = model.blocks[0].attn
+    hooks = [
+        model.blocks[0].ln_1.register_forward_hook(lambda m, i, o: got.update(resid=i[0])),
+        attn.q_proj.register_forward_hook(lambda m, i, o: got.update(q=o)),
+        attn.v_proj.register_forward_hook(lambda m, i, o: got.update(v=o)),
+    ]
+    attn.capture = lambda mod, q, k, call: got.setdefault("k", k)
+    try:
+        with torch.no_grad():
+            got["logits"] = model(x, scale)
+    finally:
+        attn.capture = None
+        for h in hooks:
+            h.remove()
+    return got
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope", "none"])
+def test_key_cue_reaches_only_the_keys(pos):
+    """cue_at="key": embedding/residual, q and v are the same with and without the cue; k is
+    multiplied by exactly the scale, per token; the output changes (a dot score reads |k|)."""
+    model = tiny(pos=pos, cue_at="key", init="unit")  # unit q, k: logits of order 1
+    x = tokens()
+    scale = cue(x)
+    plain, cued = first_layer_tensors(model, x, None), first_layer_tensors(model, x, scale)
+    for name in ("resid", "q", "v"):
+        assert torch.equal(plain[name], cued[name]), name
+    want = plain["k"] * scale[:, None, :, None]  # (B, Hkv, T, d) times (B, 1, T, 1)
+    assert torch.equal(cued["k"], want)
+    assert not torch.equal(cued["k"], plain["k"])
+    assert not torch.allclose(cued["logits"], plain["logits"], atol=1e-4)
+    torch.testing.assert_close(model(x, torch.ones(x.shape)), model(x))
+
+
+@pytest.mark.parametrize("variant", [
+    {"score": "cosine"},
+    {"score": "cosine", "score_params": {"tau": 10.0}},
+    {"score": "cosine", "temperature": "swin"},
+    {"score": "cosine", "temperature": "swin", "pos": "rope", "mlp": False},
+], ids=variant_id)
+def test_cosine_is_blind_to_the_key_cue(variant):
+    """τ·cos(q, s·k) = τ·cos(q, k) for s > 0, so under cue_at="key" the whole cosine model (every
+    layer, MLPs, learned τ) gives the same output with and without the cue; a dot score does not."""
+    x = tokens(4)
+    scale = cue(x)
+    for n_layers in (1, 2):
+        model = tiny(cue_at="key", n_layers=n_layers, init="unit", **variant)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x, scale), model(x), rtol=0, atol=1e-5)
+    dot = tiny(cue_at="key", score="scaled_dot", init="unit")
+    with torch.no_grad():
+        assert (dot(x, scale) - dot(x)).abs().max() > 1e-2
+
+
+def test_embedding_cue_is_the_default_and_scales_the_embedding():
+    """Default (cue_at="embedding"): block 0 reads scale·E[x] + P[pos], and k is not rescaled."""
+    assert GPTConfig().cue_at == "embedding"
+    model = tiny()
+    x = tokens()
+    scale = cue(x)
+    got = first_layer_tensors(model, x, scale)
+    want = model.wte(x) * scale[..., None] + model.wpe(torch.arange(x.shape[1]))
+    torch.testing.assert_close(got["resid"], want, rtol=0, atol=0)
+    k = model.blocks[0].attn.k_proj(model.blocks[0].ln_1(want))  # (B, T, C), heads not split
+    b, t, _ = k.shape
+    torch.testing.assert_close(got["k"], k.view(b, t, 4, -1).transpose(1, 2))
+
+
+def test_uniform_attention_control_ignores_q_and_k():
+    """The uniform-attention control (scaled_dot with scale=1e-20, see the report) makes every
+    logit round to 0: the output does not depend on W_K, nor on the key cue."""
+    x = tokens()
+    model = tiny(cue_at="key", score_params={"scale": 1e-20})
+    with torch.no_grad():
+        before = model(x, cue(x))
+        for block in model.blocks:
+            block.attn.k_proj.weight.normal_(std=10.0)
+        assert torch.equal(model(x, cue(x)), before)
+        assert torch.equal(model(x), before)
+
+
+def test_cue_errors():
+    with pytest.raises(ValueError, match="cue_at"):
+        tiny(cue_at="value")
+    model = tiny(cue_at="key")
+    x = tokens()
+    with pytest.raises(ValueError, match="scale"):
+        model(x, torch.ones(2, 5))
+    with pytest.raises(ValueError, match="key_scale"):
+        model.blocks[0].attn(torch.zeros(2, 12, 16), key_scale=torch.ones(2, 5))
+
+
+def test_training_builds_the_model_the_task_cue_asks_for():
+    """TrainConfig(cue_at=...) must reach both the task and the model: with the task alone the
+    key cue would silently be applied to the embedding. Needs attnscale.lab.train.build_model
+    to pass ``cue_at=getattr(task, "cue_at", "embedding")`` to GPTConfig."""
+    from attnscale.lab.train import TrainConfig, build_model, build_task
+
+    for cue_at in ("embedding", "key"):
+        config = TrainConfig(task="salience", cue_at=cue_at, d_model=16, n_heads=2, steps=1)
+        task = build_task(config)
+        assert task.cue_at == cue_at
+        assert build_model(config, task).config.cue_at == cue_at, "train.build_model drops cue_at"
+    assert build_model(TrainConfig(steps=1), build_task(TrainConfig(steps=1))).config.cue_at == \
+        "embedding"

@@ -13,9 +13,11 @@ from attnscale.lab.paired import (
     INCONCLUSIVE,
     LESS,
     classify,
+    compare_family,
     holm,
     paired_differences,
     paired_effect,
+    reading_pvalues,
 )
 
 
@@ -102,3 +104,52 @@ def test_constant_difference_has_a_zero_width_interval():
     eff = paired_effect({s: s + 1.0 for s in range(4)}, {s: float(s) for s in range(4)})
     assert (eff.low, eff.mean, eff.high) == (1.0, 1.0, 1.0)
     assert classify(eff, 0.5) == GREATER
+
+
+@pytest.mark.parametrize("diff", [-0.3, -0.06, 0.0, 0.04, 0.07, 0.3])
+@pytest.mark.parametrize("seed", range(5))
+def test_one_comparison_reads_as_its_interval(diff, seed):
+    """With a family of one, the Holm reading is exactly the 95% interval's reading."""
+    a, b = arms(diff, 0.03, seed=seed)
+    (only,) = compare_family({"x": (a, b)}, smallest=0.05).values()
+    assert only.reading == classify(paired_effect(a, b), 0.05)
+
+
+def test_reading_pvalues_match_scipy_one_sided_tests():
+    a, b = arms(0.08, 0.03)
+    d = paired_differences(a, b)
+    ps = reading_pvalues(a, b, 0.05)
+    assert ps[GREATER] == pytest.approx(stats.ttest_1samp(d, 0.05, alternative="greater").pvalue)
+    assert ps[LESS] == pytest.approx(stats.ttest_1samp(d, -0.05, alternative="less").pvalue)
+    tost = max(stats.ttest_1samp(d, -0.05, alternative="greater").pvalue,
+               stats.ttest_1samp(d, 0.05, alternative="less").pvalue)
+    assert ps[EQUAL] == pytest.approx(tost)
+
+
+def test_holm_across_a_family_withholds_a_borderline_reading():
+    """A reading that stands alone (p just under 0.025) is withheld among many comparisons."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        a, b = arms(0.1, 0.04, seed=int(rng.integers(1 << 30)))
+        p = reading_pvalues(a, b, 0.05)[GREATER]
+        if 0.005 < p < 0.025:
+            break
+    else:
+        pytest.fail("no borderline draw found")
+    alone = compare_family({"x": (a, b)}, 0.05)["x"]
+    # four undecidable comparisons beside it
+    others = {f"y{i}": arms(0.0, 0.2, seed=100 + i) for i in range(4)}
+    family = compare_family({"x": (a, b), **others}, 0.05)
+    assert alone.reading == GREATER and family["x"].reading == INCONCLUSIVE
+    mins = [min(reading_pvalues(*ab, 0.05).values()) for ab in [(a, b), *others.values()]]
+    assert family["x"].p_holm == pytest.approx(holm(mins)[0]) and family["x"].p_holm > p
+
+
+def test_family_flips_on_opposite_data_and_stays_inconclusive_without_effect():
+    a, b = arms(0.3, 0.02)
+    assert compare_family({"x": (b, a)}, 0.05)["x"].reading == LESS
+    for seed in range(10):
+        a, b = arms(0.0, 0.05, seed=seed)
+        assert compare_family({"x": (a, b)}, 0.05)["x"].reading == INCONCLUSIVE
+    with pytest.raises(ValueError, match="pairs"):
+        compare_family({}, 0.05)

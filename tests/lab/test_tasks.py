@@ -536,6 +536,68 @@ def test_salience_errors():
         SalienceTask(jitter=1.5)
     with pytest.raises(ValueError, match="num_items"):
         SalienceTask(num_items=1)
+    with pytest.raises(ValueError, match="cue_at"):
+        SalienceTask(cue_at="value")
+
+
+@pytest.mark.parametrize("layout", ["items", "pairs"])
+def test_salience_cue_at_changes_where_not_what(layout):
+    """cue_at only tells the model where to apply Batch.scale: the batches are identical."""
+    plain = SalienceTask(layout=layout)
+    keyed = SalienceTask(layout=layout, cue_at="key")
+    assert plain.cue_at == "embedding" and keyed.config["cue_at"] == "key"
+    for step in (0, 7):
+        a, b = plain.train_batch(step, 32), keyed.train_batch(step, 32)
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.targets, b.targets)
+        assert torch.equal(a.scale, b.scale)
+    config = TrainConfig(task="salience", cue_at="key", num_items=16, salient_scale=1.3,
+                         jitter=0.2)
+    assert config.task_options()["cue_at"] == "key"
+    with pytest.raises(ValueError, match="cue_at is not an option of task 'mqar'"):
+        TrainConfig(task="mqar", cue_at="key")
+
+
+@pytest.mark.parametrize("opts", [{}, {"layout": "items", "cue_at": "key", "num_items": 16}])
+def test_salience_no_cue_marks_nothing(opts):
+    """cue="none": no marked token, and every item scale is drawn as a distractor's (1 ± jitter),
+    so the batch carries no information about which item the target is."""
+    task = SalienceTask(cue="none", salient_scale=1.3, jitter=0.2, **opts)
+    b = task.train_batch(3, 256)
+    step = 2 if task.layout == "pairs" else 1
+    pos = torch.arange(task.seq_len - task.span, task.seq_len - 1, step)
+    items, scale = b.tokens[:, pos], b.scale[:, pos]
+    assert bool((items < task.marked_offset).all())
+    assert bool(((scale - 1.0).abs() <= task.jitter + 1e-6).all())
+    assert scale.max() > 1.0 + 0.9 * task.jitter  # the jitter is drawn, not switched off
+
+
+@pytest.mark.parametrize("opts", [
+    {"layout": "items"},
+    {"layout": "items", "cue": "token", "seq_len": 20},
+    {"layout": "items", "cue": "none"},
+    {"layout": "pairs"},
+    {"layout": "pairs", "cue": "token", "seq_len": 20},
+])
+def test_salience_answer_positions(opts):
+    """The probe's answer position: the salient item (items) or its value (pairs), found here
+    from the cue itself (brute force), and from the target alone under cue="none"."""
+    task = SalienceTask(**opts)
+    b = task.train_batch(5, 64)
+    got = task.answer_positions(b).tolist()
+    for row, (toks, sc) in enumerate(zip(b.tokens.tolist(), b.scale.tolist(), strict=True)):
+        if task.cue == "none":  # no cue to decode: the answer token is the target itself
+            assert toks[got[row]] == b.targets[row, -1]
+            continue
+        item_pos = [t for t, x in enumerate(toks) if 2 <= x < task.value_offset]
+        if task.cue == "scale":
+            item = max(item_pos, key=lambda t: sc[t])
+        else:
+            item = next(t for t in item_pos if toks[t] >= task.marked_offset)
+        assert got[row] == item + (1 if task.layout == "pairs" else 0)
+    broken = Batch(b.tokens, torch.full_like(b.targets, IGNORE_INDEX), b.scale)
+    broken.targets[:, -1] = task.PAD
+    with pytest.raises(ValueError, match="exactly once"):
+        task.answer_positions(broken)
 
 
 # ------------------------------------------------------------------------------------------
@@ -543,50 +605,97 @@ def test_salience_errors():
 # ------------------------------------------------------------------------------------------
 
 
-def length_decode(task: LengthTask, toks: list[int]) -> tuple[int, list[int]]:
-    """Brute force: find the earlier occurrence of the final key; its next token is the answer."""
+def length_decode(task: LengthTask, toks: list[int]) -> tuple[int, int, list[int]]:
+    """Brute force: (target, answer position, pair positions) of one sequence. ``pairs``: the
+    earlier occurrence of the final key, its next token is the answer; ``fused``: the pair token
+    whose key index (token - pair_offset) // W is the final key's."""
     ctx = toks[:-1]
-    key_pos = [t for t, x in enumerate(ctx) if task.key_offset <= x < task.value_offset]
-    matches = [t for t in key_pos if ctx[t] == toks[-1]]
+    if task.layout == "pairs":
+        pair_pos = [t for t, x in enumerate(ctx) if task.key_offset <= x < task.value_offset]
+        matches = [t for t in pair_pos if ctx[t] == toks[-1]]
+        assert len(matches) == 1
+        return ctx[matches[0] + 1], matches[0] + 1, pair_pos
+    pair_pos = [t for t, x in enumerate(ctx) if x >= task.pair_offset]
+    query_key = toks[-1] - task.key_offset
+    matches = [t for t in pair_pos if (ctx[t] - task.pair_offset) // task.num_values == query_key]
     assert len(matches) == 1
-    return ctx[matches[0] + 1], key_pos
+    return ctx[matches[0]], matches[0], pair_pos
 
 
-def test_length_labels_by_brute_force_at_every_length():
-    task = LengthTask(seq_len=32, num_pairs=3)
+@pytest.mark.parametrize("layout", ["fused", "pairs"])
+def test_length_labels_and_answer_positions_by_brute_force_at_every_length(layout):
+    task = LengthTask(seq_len=32, num_pairs=3, layout=layout)
     evals = task.eval_batches()
     assert list(evals) == ["n=32", "n=64", "n=128"]
     checks = {32: task.train_batch(0, 64)}
     checks.update({int(k[2:]): v[0] for k, v in evals.items()})
+    width = 2 if layout == "pairs" else 1
     for length, batch in checks.items():
         assert batch.tokens.shape[1] == length
-        for toks, tgts in zip(batch.tokens.tolist(), batch.targets.tolist(), strict=True):
-            answer, key_pos = length_decode(task, toks)
-            assert tgts[-1] == answer
+        answers = task.answer_positions(batch).tolist()
+        for toks, tgts, pos in zip(batch.tokens.tolist(), batch.targets.tolist(), answers,
+                                   strict=True):
+            answer, answer_pos, pair_pos = length_decode(task, toks)
+            assert tgts[-1] == answer and pos == answer_pos
+            assert toks[pos] == answer  # the token at the reported position is the answer
             assert all(x == IGNORE_INDEX for x in tgts[:-1])
-            assert len(key_pos) == task.num_pairs
-            assert len({toks[t] for t in key_pos}) == task.num_pairs
-            val_pos = [t + 1 for t in key_pos]
-            assert len({toks[t] for t in val_pos}) == task.num_pairs
-            assert all(task.value_offset <= toks[t] < task.filler_offset for t in val_pos)
-            special = set(key_pos) | set(val_pos)
+            assert len(pair_pos) == task.num_pairs
+            assert len({toks[t] for t in pair_pos}) == task.num_pairs
+            if layout == "pairs":
+                val_pos = [t + 1 for t in pair_pos]
+                assert len({toks[t] for t in val_pos}) == task.num_pairs
+                assert all(task.value_offset <= toks[t] < task.filler_offset for t in val_pos)
+            else:  # distinct keys and distinct values inside the fused tokens
+                kv = [divmod(toks[t] - task.pair_offset, task.num_values) for t in pair_pos]
+                assert len({k for k, _ in kv}) == len({v for _, v in kv}) == task.num_pairs
+                assert all(toks[t] < task.vocab_size for t in pair_pos)
+            special = {t + j for t in pair_pos for j in range(width)}
             others = [toks[t] for t in range(length - 1) if t not in special]
-            assert all(task.filler_offset <= x < task.vocab_size for x in others)
+            assert all(task.filler_offset <= x < task.pair_offset for x in others)
             assert task.key_offset <= toks[-1] < task.value_offset
 
 
-def test_length_pairs_cover_positions_and_chance():
-    task = LengthTask(seq_len=16, num_pairs=2, eval_size=2048)
+@pytest.mark.parametrize("layout", ["fused", "pairs"])
+def test_length_vocabulary_is_the_same_at_every_length(layout):
+    task = LengthTask(seq_len=16, num_pairs=2, num_keys=5, num_values=7, num_fillers=11,
+                      layout=layout)
+    size = 1 + 5 + 11 + (5 * 7 if layout == "fused" else 7)
+    assert task.vocab_size == size
+    assert LengthTask(seq_len=64, num_pairs=2, num_keys=5, num_values=7, num_fillers=11,
+                      layout=layout).vocab_size == size
+    for batches in task.eval_batches().values():
+        for b in batches:
+            assert int(b.tokens.min()) >= 1 and int(b.tokens.max()) < size
+            assert int(b.targets.max()) < size
+
+
+def test_length_layouts_are_deterministic_and_differ():
+    fused, pairs = LengthTask(seq_len=16, seed=5), LengthTask(seq_len=16, seed=5, layout="pairs")
+    again = LengthTask(seq_len=16, seed=5)
+    for split_batch in (lambda t: t.train_batch(3, 8), lambda t: t.sample(40, 8, step=2),
+                        lambda t: t.eval_batches()["n=32"][1]):
+        a, b = split_batch(fused), split_batch(again)
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.targets, b.targets)
+        assert not torch.equal(a.tokens, split_batch(pairs).tokens)
+    assert not torch.equal(fused.sample(40, 8, step=2).tokens, fused.sample(40, 8, step=3).tokens)
+
+
+@pytest.mark.parametrize("layout", ["fused", "pairs"])
+def test_length_pairs_cover_positions_and_chance(layout):
+    task = LengthTask(seq_len=16, num_pairs=2, eval_size=2048, layout=layout)
     seen = Counter()
     hits = total = 0
     for batch in task.eval_batches()["n=16"]:
         for toks, tgts in zip(batch.tokens.tolist(), batch.targets.tolist(), strict=True):
-            _, key_pos = length_decode(task, toks)
-            seen.update(key_pos)
-            hits += toks[key_pos[0] + 1] == tgts[-1]  # "copy the first pair's value"
+            _, _, pair_pos = length_decode(task, toks)
+            seen.update(pair_pos)
+            # "copy the first pair": its value (pairs) or its token (fused)
+            hits += toks[pair_pos[0] + (1 if layout == "pairs" else 0)] == tgts[-1]
             total += 1
-    assert set(seen) == set(range(0, 14))  # every start position 0..L-3 occurs
+    last_start = 13 if layout == "pairs" else 14  # a pair fits before the final query
+    assert set(seen) == set(range(0, last_start + 1))
     assert hits / total == pytest.approx(task.chance_level, abs=0.04)
+    assert task.chance_level == 1 / 2
 
 
 def test_length_extra_sample_and_errors():
@@ -594,8 +703,15 @@ def test_length_extra_sample_and_errors():
     b = task.sample(48, 8, step=1)
     assert b.tokens.shape == (8, 48)
     assert torch.equal(b.tokens, task.sample(48, 8, step=1).tokens)
+    assert LengthTask(seq_len=5, num_pairs=4).seq_len == 5  # fused: 4 one-token pairs + query
+    with pytest.raises(ValueError, match=r"seq_len=4.*num_pairs=4"):
+        LengthTask(seq_len=4, num_pairs=4)
     with pytest.raises(ValueError, match=r"seq_len=8.*num_pairs=4"):
-        LengthTask(seq_len=8, num_pairs=4)
+        LengthTask(seq_len=8, num_pairs=4, layout="pairs")
+    with pytest.raises(ValueError, match="layout"):
+        LengthTask(layout="items")
+    with pytest.raises(ValueError, match="pair tokens"):
+        LengthTask(layout="pairs").pair_token(torch.tensor(0), torch.tensor(0))
     with pytest.raises(ValueError, match="num_pairs"):
         LengthTask(num_pairs=10, num_keys=5)
     with pytest.raises(ValueError, match="eval_multipliers"):
@@ -604,3 +720,7 @@ def test_length_extra_sample_and_errors():
         LengthTask(eval_multipliers=(1, 0))
     with pytest.raises(TypeError, match="eval_multipliers"):
         LengthTask(eval_multipliers=2)
+    bad = b.tokens.clone()
+    bad[:, -1] = task.filler_offset  # the query is no key: no pair matches
+    with pytest.raises(ValueError, match="exactly one pair"):
+        task.answer_positions(Batch(bad, b.targets))

@@ -318,3 +318,23 @@ def test_training_statistics_come_from_the_monitor(monkeypatch):
     result = run({**TINY, "n_layers": 2, "steps": 3, "log_every": 10})
     assert len(recorded) == 2 * 2  # two layers, logged at steps 0 and 2
     assert len(result.history[0]["layers"]) == 2
+
+
+def test_absorb_scale_reproduces_scaled_dot_under_adam():
+    """dot with q, k init and LR × d_k^(−1/4) follows scaled_dot's trajectory (no clipping, no
+    decay, ε → 0: Adam's update is then invariant to the gradient's scale); plain dot does not."""
+    base = dict(task="text", seq_len=32, n_heads=1, n_layers=2, batch_size=8, d_model=64,
+                steps=21, lr=1e-2, log_every=10, mlp=False, init="unit", grad_clip=0.0,
+                adam_eps=1e-12, weight_decay=0.0, stats=False)
+    losses = {name: [h["loss"] for h in run({**base, **kw}).history]
+              for name, kw in (("scaled", {"score": "scaled_dot"}),
+                               ("absorbed", {"score": "dot", "absorb_scale": True}),
+                               ("dot", {"score": "dot"}))}
+    assert losses["absorbed"] == pytest.approx(losses["scaled"], abs=2e-3)
+    assert abs(losses["dot"][1] - losses["scaled"][1]) > 0.02
+
+
+def test_absorb_scale_needs_an_unscaled_score():
+    with pytest.raises(ValueError, match="absorb_scale"):
+        TrainConfig(score="scaled_dot", absorb_scale=True)
+    assert TrainConfig(score="dot", absorb_scale=True).absorb_scale

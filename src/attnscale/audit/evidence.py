@@ -1,177 +1,225 @@
 """Evidence: per-claim dicts of numbers, built from the stored runs and measurements.
 
-Pure functions of the results store (and the measurements already read from it). Every
-learning-rate number (clipped loss, best LR, LR sensitivity, stable LRs, divergence rate) comes
-from :mod:`attnscale.lab.analysis`, which follows Wortsman et al. 2023 (arXiv 2309.14322); a
-"mean ± CI" is :meth:`attnscale.lab.analysis.MeanCI.to_dict`.
+Pure functions of the studies' runs (and the measurements already read). Training evidence is
+per seed: for each cell and arm, :class:`attnscale.audit.selection.ArmValues` (a value per
+reported seed at the arm's chosen LR, and whether that choice is censored). The rules
+(:mod:`attnscale.audit.rules_training`) compute paired effects from these per-seed values, so
+the statistics live in one place (:mod:`attnscale.lab.paired`).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from attnscale.audit.studies import MQAR, TEXT
+from attnscale.audit.selection import arm_values, cell_label, cells, clipped, in_cell
+from attnscale.audit.studies import VARIANTS, Study
 from attnscale.lab import analysis
-from attnscale.lab.store import FINISHED, Store
-from attnscale.lab.sweep import is_current
-from attnscale.lab.tasks import make_task
+from attnscale.lab.build import build_task
+from attnscale.lab.config import TrainConfig
 from attnscale.measure import theory
 
-Run = dict[str, Any]
+Run = Mapping[str, Any]
+Runs = dict[str, list[dict[str, Any]]]  # study name -> its finished runs
+
+# Wortsman et al. 2023's instability markers: attention logits past 1e4, or a final loss more
+# than 1 nat above the best any run reached in the same setting.
+LOGIT_LIMIT = 1e4
+LOSS_MARGIN = 1.0
 
 
-def finished_runs(store: Store, sweep: str) -> list[Run]:
-    """The finished runs of one study that belong to its current grid, with their histories
-    (a results database reused across code versions may hold stale runs: see
-    :func:`attnscale.lab.sweep.is_current`)."""
-    runs = store.runs(where={"sweep": sweep}, history=True, status=FINISHED)
-    return [r for r in runs if is_current(r)]
+def metric(run: Run) -> float:
+    """The run's final task metric (accuracy); 0 for a run without one (diverged)."""
+    v = run.get("final_metric")
+    return float(v) if v is not None and math.isfinite(v) else 0.0
 
 
-def score_row(runs: list[Run]) -> dict[str, Any]:
-    """One score's numbers over an LR grid: best-LR loss (mean ± CI), best LR, LR sensitivity,
-    divergence rate and stable LRs."""
-    best, best_lr = analysis.best_loss_ci(runs)
-    return {"best_loss": best.to_dict(), "best_lr": best_lr,
-            "lr_sensitivity": analysis.lr_sensitivity(runs),
-            "divergence_rate": analysis.divergence_rate(runs) or 0.0,
-            "stable_lrs": analysis.stable_lrs(runs)}
+def layer_stat(run: Run, name: str, row: int, layer: int = 0) -> float | None:
+    """Statistic ``name`` of attention layer ``layer`` in history row ``row`` (0: at init,
+    −1: the last logged step)."""
+    history = run.get("history") or []
+    if not history:
+        return None
+    layers = history[row].get("layers") or []
+    v = layers[layer].get(name) if len(layers) > layer else None
+    return float(v) if v is not None else None
 
 
-def evidence_lr(store: Store) -> dict[str, Any]:
-    """C4 (training), C6, C11, Q1 from the LR sweeps on MQAR and text, at the widest width."""
-    out: dict[str, Any] = {"best_loss": {}, "by_width": {}, "by_task": {}, "accuracy": {},
-                           "runs": []}
-    for task, sweep in (("mqar", "lr_mqar"), ("text", "lr_text")):
-        runs = finished_runs(store, sweep)
-        out["runs"] += [r["id"] for r in runs]
-        widest = max((r["config"]["d_model"] for r in runs), default=None)
-        groups = analysis.group_runs([r for r in runs if r["config"]["d_model"] == widest])
-        swept = len({r["config"]["lr"] for r in runs}) > 1  # LR sensitivity needs a grid (Q1)
-        out["best_loss"][task] = {}
-        if swept:
-            out["by_task"][task] = {}
-        for (name,), rs in groups.items():
-            row = score_row(rs)
-            out["best_loss"][task][name] = row["best_loss"]
-            if task == "mqar":
-                at_best = [r for r in rs if r["config"]["lr"] == row["best_lr"]]
-                out["accuracy"][name] = analysis.metric_ci(at_best).to_dict()
-            if swept:
-                out["by_task"][task][name] = row
-        if task == "text":
-            out["by_width"] = by_width(runs + finished_runs(store, "lr_text_narrow"))
+def arms_table(study: Study, runs: list[Run],
+               value: Callable[[Run], float | None] | None = None) -> dict[str, Any]:
+    """cell label -> arm -> :meth:`ArmValues.to_dict` (arms with no runs left out)."""
+    out: dict[str, Any] = {}
+    for cell in cells(study):
+        row = {}
+        for arm in study.arms:
+            if any(in_cell(r, cell, arm) for r in runs):
+                row[arm] = arm_values(study, runs, cell, arm, value).to_dict()
+        out[cell_label(cell)] = row
     return out
 
 
-def by_width(runs: list[Run]) -> dict[str, dict[str, Any]]:
-    """Wortsman's metrics per width and score (C11)."""
-    out: dict[str, dict[str, Any]] = {}
-    for (w, name), rs in analysis.group_runs(runs, by=["d_model"]).items():
-        stable = analysis.stable_lrs(rs)
-        peaks = [v for v in map(analysis.peak_max_logit, rs) if v is not None]
-        out.setdefault(str(w), {})[name] = {
-            "divergence_rate": analysis.divergence_rate(rs) or 0.0,
-            "max_stable_lr": max(stable) if stable else None,
-            "lr_sensitivity": analysis.lr_sensitivity(rs),
-            "loss_by_lr": {str(k): v for k, v in analysis.loss_by_lr(rs).items()},
-            "divergence_by_lr": {str(k): v for k, v in analysis.divergence_by_lr(rs).items()},
-            "peak_max_logit": max(peaks, default=None),
-        }
+def head_dim_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
+    """C7, C13: clipped loss per (init, d_k) cell and arm; layer-1 entropy at init and at the
+    end; the step-0 logit std (C12) and the final saturated-row fraction (C10)."""
+    def stat(name: str, row: int) -> Callable[[Run], float | None]:
+        return lambda r: layer_stat(r, name, row)
+    return {"loss": arms_table(study, runs),
+            "entropy_init": arms_table(study, runs, stat("entropy_normalized", 0)),
+            "entropy_end": arms_table(study, runs, stat("entropy_normalized", -1)),
+            "logit_std_init": arms_table(study, runs, stat("logit_std", 0)),
+            "saturated_end": arms_table(study, runs, stat("saturated_fraction", -1)),
+            "inits": list(study.cells.get("init", ())),
+            "head_dims": list(study.cells.get("d_model", ())), "seeds": list(study.seeds)}
+
+
+def seed_curves(runs: list[Run]) -> dict[int, dict[float, float]]:
+    """seed -> LR -> clipped loss."""
+    out: dict[int, dict[float, float]] = {}
+    for (lr, seed), c in clipped(runs).items():
+        out.setdefault(seed, {})[lr] = c
     return out
 
 
-def evidence_trained_logits(store: Store, n: int) -> dict[str, Any]:
-    """C12: scaled_dot's max |logit| at the end of training, at its best LR (per width), and
-    its growth from the first logged step."""
-    runs = [r for r in finished_runs(store, "lr_text") if r.get("variant") == "scaled_dot"]
-    finals, growth, used = [], [], []
-    for _, rs in analysis.group_runs(runs, by=["d_model"]).items():
-        _, best_lr = analysis.best_loss(rs)
-        for r in rs:
-            curve = analysis.max_logit_curve(r)
-            if r["config"]["lr"] != best_lr or not curve:
-                continue
-            finals.append(curve[-1][1])
-            growth.append(curve[-1][1] / max(curve[0][1], 1e-9))
-            used.append(r["id"])
-    peaks = [v for v in map(analysis.peak_max_logit, runs) if v is not None]
-    return {"trained_max_abs_logit": max(finals) if finals else float("nan"),
-            "growth": float(np.median(growth)) if growth else float("nan"), "n": n,
-            "max_over_lr_grid": max(peaks, default=None), "runs": used}
+def unstable(run: Run, best: float) -> bool:
+    """Wortsman's instability: max |logit| past :data:`LOGIT_LIMIT` at any logged step, a
+    divergence, or a final loss above best + :data:`LOSS_MARGIN`."""
+    peak = analysis.peak_max_logit(run)
+    loss = run.get("final_loss")
+    return (run.get("status") == "diverged" or (peak is not None and peak > LOGIT_LIMIT)
+            or loss is None or not math.isfinite(loss) or loss > best + LOSS_MARGIN)
 
 
-def evidence_salience(store: Store) -> dict[str, Any]:
-    """C3: final accuracy per variant on the salience task, mean ± CI over seeds."""
-    runs = finished_runs(store, "salience")
-    groups = analysis.group_runs(runs)  # by variant: every study run has one
-    return {"accuracy": {k: analysis.metric_ci(rs).to_dict() for (k,), rs in groups.items()},
-            "chance": float(make_task("salience").chance_level),
-            "runs": [r["id"] for r in runs]}
+def lr_sweep_arm(runs: list[Run], best: float) -> dict[str, Any]:
+    """One arm at one width over the LR grid: per seed, LR sensitivity (mean over the grid of
+    c(η) − min c) and the fraction of LRs that were unstable; per LR, the mean clipped loss,
+    the mean final and peak max |logit| and the unstable fraction; max |logit| against step."""
+    curves = seed_curves(runs)
+    sens = {str(s): sum(c.values()) / len(c) - min(c.values()) for s, c in curves.items()}
+    by_seed: dict[str, list[bool]] = {}
+    by_lr: dict[float, list[Run]] = {}
+    for r in runs:
+        by_seed.setdefault(str(r["config"]["seed"]), []).append(unstable(r, best))
+        by_lr.setdefault(float(r["config"]["lr"]), []).append(r)
+    def peak(rs: list[Run], last: bool) -> float | None:
+        xs = [c[-1][1] if last else max(v for _, v in c)
+              for c in map(analysis.max_logit_curve, rs) if c]
+        return float(np.mean(xs)) if xs else None
+    return {"sensitivity": sens,
+            "unstable": {s: sum(u) / len(u) for s, u in by_seed.items()},
+            "loss_by_lr": {str(k): v for k, v in analysis.loss_by_lr(runs).items()},
+            "final_logit_by_lr": {str(k): peak(v, True) for k, v in sorted(by_lr.items())},
+            "peak_logit_by_lr": {str(k): peak(v, False) for k, v in sorted(by_lr.items())},
+            "unstable_by_lr": {str(k): float(np.mean([unstable(r, best) for r in v]))
+                               for k, v in sorted(by_lr.items())},
+            "logit_curves": {str(k): analysis.max_logit_curve(v[0]) for k, v in
+                             sorted(by_lr.items())}}
 
 
-def evidence_head_dim(store: Store) -> dict[str, Any]:
-    """C7, C13: best-LR loss (mean ± CI) of scaled and unscaled attention per head dim."""
-    runs = finished_runs(store, "head_dim")
-    out: dict[str, Any] = {"best_loss": {}, "runs": [r["id"] for r in runs]}
-    for (dk, name), rs in analysis.group_runs(runs, by=["d_model"]).items():
-        out["best_loss"].setdefault(str(dk), {})[name] = analysis.best_loss_ci(rs)[0].to_dict()
+def lr_text_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
+    """C6, C11, C12, Q1: per width, each arm's LOO-chosen clipped loss per seed and its LR
+    sweep (:func:`lr_sweep_arm`)."""
+    sweep: dict[str, Any] = {}
+    for cell in cells(study):
+        mine = [r for r in runs if all(r["config"].get(k) == v for k, v in cell)]
+        if not mine:
+            continue
+        best = min(clipped(mine).values())
+        sweep[cell_label(cell)] = {
+            arm: lr_sweep_arm([r for r in mine if r.get("variant") == arm], best)
+            for arm in study.arms if any(r.get("variant") == arm for r in mine)}
+    return {"loss": arms_table(study, runs), "sweep": sweep, "lrs": list(study.lrs),
+            "n": study.base["seq_len"], "logit_limit": LOGIT_LIMIT, "loss_margin": LOSS_MARGIN}
+
+
+def tau_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
+    """C4, C6: accuracy and clipped loss per arm; the max-weight bound at each τ."""
+    n = study.base["seq_len"]
+    taus = {a: VARIANTS[a]["tau"] for a in study.arms if "tau" in VARIANTS[a]}
+    return {"accuracy": arms_table(study, runs, metric), "loss": arms_table(study, runs),
+            "bound": {arm: float(theory.max_weight_bound(n, t)) for arm, t in taus.items()},
+            "n": n, "chance": chance(study)}
+
+
+def chance(study: Study) -> float:
+    """The chance accuracy of the study's task with its options."""
+    return float(build_task(TrainConfig(**study.base)).chance_level)
+
+
+def accuracy_evidence(study: Study, runs: list[Run], **context: Any) -> dict[str, Any]:
+    """Accuracy per arm (C3)."""
+    return {"accuracy": arms_table(study, runs, metric), **context}
+
+
+def length_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
+    """Q3: accuracy and attention weight on the answer at each evaluation length, per arm."""
+    def at(key: str, field: str) -> Callable[[Run], float | None]:
+        def read(r: Run) -> float | None:
+            v = (r.get("final_metrics") or {}).get(key)
+            v = v.get(field) if isinstance(v, dict) else None
+            return float(v) if v is not None and math.isfinite(v) else None
+        return read
+    keys = sorted({k for r in runs for k in (r.get("final_metrics") or {})
+                   if k.startswith("n=")}, key=lambda k: int(k.split("=")[1]))
+    return {"accuracy": {k: arms_table(study, runs, at(k, "metric")) for k in keys},
+            "answer_weight": {k: arms_table(study, runs, at(k, "answer_weight")) for k in keys},
+            "lengths": keys, "chance": chance(study)}
+
+
+def init_logit_std(head_dim: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """C12: init regime -> d_k -> scaled_dot's mean step-0 logit std (layer 1) over seeds."""
+    out: dict[str, dict[str, float | None]] = {}
+    for label, row in head_dim["logit_std_init"].items():
+        fields = dict(part.split("=") for part in label.split())
+        arm = row.get("scaled_dot")
+        xs = list(arm["values"].values()) if arm else []
+        out.setdefault(fields["init"], {})[fields["d_model"]] = (
+            float(np.mean(xs)) if xs else None)
     return out
 
 
-def evidence_length(store: Store) -> dict[str, Any]:
-    """Q3: accuracy per variant at each evaluation length ``n=...``, mean ± CI over seeds."""
-    runs = finished_runs(store, "length")
-    acc: dict[str, dict[str, list[float]]] = {}
-    for (variant,), rs in analysis.group_runs(runs).items():  # by variant, as in every study
-        for r in rs:
-            for key, value in (r.get("final_metrics") or {}).items():
-                if key.startswith("n="):
-                    metric = value.get("metric") if isinstance(value, dict) else value
-                    acc.setdefault(variant, {}).setdefault(key, []).append(metric or 0.0)
-    return {"accuracy": {v: {k: analysis.mean_ci(x).to_dict() for k, x in d.items()}
-                         for v, d in acc.items()},
-            "chance": float(make_task("length").chance_level),
-            "runs": [r["id"] for r in runs]}
+def trained_saturation(head_dim: dict[str, Any]) -> dict[str, Any] | None:
+    """C10: fraction of attention rows with max weight > 0.9 at the end of training, per arm,
+    in the unit-variance regime at the largest d_k (mean ± CI over seeds)."""
+    if not head_dim["head_dims"]:
+        return None
+    row = head_dim["saturated_end"].get(f"init=unit d_model={head_dim['head_dims'][-1]}", {})
+    out = {arm: {"saturated_fraction": analysis.mean_ci(list(v["values"].values())).to_dict()}
+           for arm, v in row.items() if arm in ("dot", "scaled_dot") and v["values"]}
+    return out or None
 
 
-def bench_ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """C5: cosine / scaled_dot forward+backward time at each N (non-causal)."""
-    ratio = {}
-    for n in sorted({r["n"] for r in rows}):
-        t = {r["score"]: r["fwdbwd_ms"] for r in rows if r["n"] == n and not r["causal"]}
-        ratio[str(n)] = t["cosine"] / t["scaled_dot"]
-    return ratio
-
-
-def collect_evidence(store: Store, m: dict[str, Any]) -> dict[str, Any]:
-    """Every claim's evidence dict, from the stored runs and the measurements ``m``."""
-    lr = evidence_lr(store)
-    dk = evidence_head_dim(store)
-    mqar_n = MQAR["seq_len"]  # keys a query sees at most in the MQAR study
+def collect_evidence(studies: dict[str, Study], runs: Runs,
+                     measured: dict[str, Any]) -> dict[str, Any]:
+    """Every claim's evidence dict, from the studies' runs and the measurements."""
+    dk = head_dim_evidence(studies["head_dim"], runs["head_dim"])
+    text = lr_text_evidence(studies["lr_text"], runs["lr_text"])
+    tau = tau_evidence(studies["tau"], runs["tau"])
+    salience = accuracy_evidence(
+        studies["salience"], runs["salience"], controls=[a for a in studies["salience"].arms
+                                                         if a in ("uniform", "cue_none")],
+        chance=chance(studies["salience"]))
+    final_logit = {w: a.get("scaled_dot", {}).get("final_logit_by_lr", {})
+                   for w, a in text["sweep"].items()}
     return {
-        "C1": m["implementation"]["c1"],
-        "C2": m["implementation"]["c2"],
-        "C3": evidence_salience(store),
-        "C4": {"accuracy": {k: v for k, v in lr["accuracy"].items()
-                            if k == "scaled_dot" or k.startswith("cosine")},
-               "max_weight_bound": float(theory.max_weight_bound(mqar_n, 1.0)), "n": mqar_n,
-               "chance": 1 / MQAR["num_kv_pairs"], "runs": lr["runs"]},
-        "C5": {"ratio_by_n": bench_ratios(m["bench"]["rows"])},
-        "C6": {"best_loss": lr["best_loss"], "runs": lr["runs"]},
+        "C1": measured["implementation"]["c1"],
+        "C2": measured["implementation"]["c2"],
+        "C3": salience,
+        "C4": tau,
+        "C5": measured["bench"],
+        "C6": {"text": text, "retrieval": tau},
         "C7": dk,
-        "C8": m["qk"],
-        "C9": m["rem"],
-        "C10": m["rem"],
-        "C11": {"task": TEXT["task"], "by_width": lr["by_width"], "runs": lr["runs"]},
-        "C12": {"init_std_scaled": {str(r["d"]): r["std_scaled"] for r in m["qk"]["by_d"]},
-                **evidence_trained_logits(store, n=TEXT["seq_len"])},
+        "C8": measured["qk"],
+        "C9": measured["rem"],
+        "C10": {**measured["jacobian"], "trained": trained_saturation(dk)},
+        "C11": text,
+        "C12": {"init_std": init_logit_std(dk), "final_logit": final_logit, "n": text["n"]},
         "C13": dk,
-        "Q1": {"by_task": lr["by_task"], "runs": lr["runs"]},
-        "Q2": {"summary": m["minilm"]["summary"],
-               "max_abs_logit": max(h["max_abs_logit"] for layer in m["minilm"]["layers"]
+        "Q1": text,
+        "Q2": {"summary": measured["minilm"]["summary"],
+               "max_abs_logit": max(h["max_abs_logit"] for layer in measured["minilm"]["layers"]
                                     for h in layer["heads"])},
-        "Q3": evidence_length(store),
+        "Q3": length_evidence(studies["length"], runs["length"]),
     }

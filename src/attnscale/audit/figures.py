@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from attnscale.audit.rules_training import gaps
 from attnscale.measure import inspection, theory
 
 Evidence = dict[str, Any]
@@ -27,25 +28,6 @@ def _save(fig, folder: Path, name: str) -> str:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return str(path)
-
-
-def _bars(ax, cis: dict[str, dict], ylabel: str, chance: float | None = None,
-          bounds: tuple[float, float] | None = None) -> None:
-    """Bars of means with their 95% CIs; ``bounds`` clips the drawn CI to the metric's range
-    (a t-interval over 2 seeds can leave [0, 1])."""
-    lo_b, hi_b = bounds if bounds is not None else (-math.inf, math.inf)
-    names = list(cis)
-    means = [cis[n]["mean"] for n in names]
-    err = [[m - max(lo_b, cis[n]["lo"] if cis[n].get("lo") is not None else m) for n, m in
-            zip(names, means, strict=True)],
-           [min(hi_b, cis[n]["hi"] if cis[n].get("hi") is not None else m) - m for n, m in
-            zip(names, means, strict=True)]]
-    ax.bar(range(len(names)), means, yerr=err, capsize=3, color="#4c78a8")
-    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(ylabel)
-    if chance is not None:
-        ax.axhline(chance, color="grey", ls=":", label="chance")
-        ax.legend(fontsize=8)
 
 
 def fig_c1(ev: Evidence, cases: list[dict], folder: Path) -> str:
@@ -79,62 +61,75 @@ def fig_c2(folder: Path) -> str:
     return _save(fig, folder, "c2_cosine_range")
 
 
-def fig_c3(ev: Evidence, folder: Path) -> str:
-    """C3: salience accuracy per score with 95% CIs."""
-    fig, ax = plt.subplots(figsize=(5, 3))
-    _bars(ax, ev["accuracy"], "salience accuracy", ev.get("chance"), bounds=(0.0, 1.0))
-    ax.set_title("salience task (key marked only by its norm): accuracy by score", fontsize=9)
-    return _save(fig, folder, "c3_salience")
-
-
-def fig_c4(ev: Evidence, folder: Path) -> str:
-    """C4: the max-weight bound of logits in [−τ, τ], and MQAR accuracy per cosine variant."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3))
-    taus = [0.1 * i for i in range(1, 101)]
-    for n in (64, 512, 4096):
-        a.plot(taus, [float(theory.max_weight_bound(n, t)) for t in taus], label=f"n = {n}")
-    a.set(xlabel="τ (logits in [−τ, τ])", ylabel="largest possible weight", xscale="log",
-          title="e^{2τ}/(e^{2τ}+n−1)")
-    a.legend(fontsize=8)
-    _bars(b, ev["accuracy"], "accuracy (95% CI clipped to [0, 1])",
-          ev.get("chance"), bounds=(0.0, 1.0))
-    b.set_title("MQAR at the best LR: cosine τ = 1, 10, learned vs scaled_dot", fontsize=9)
-    return _save(fig, folder, "c4_bound_and_mqar")
-
-
-def fig_c5(rows: list[dict], folder: Path) -> str:
-    """C5: each score's time / SDPA against N, from the benchmark rows."""
-    fig, ax = plt.subplots(figsize=(6, 3))
-    for score in sorted({r["score"] for r in rows}):
-        pts = sorted((r["n"], r["ratio_fwdbwd"]) for r in rows if r["score"] == score)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=score)
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.axhline(1.1, color="red", ls=":", lw=0.8)
-    ax.set(xscale="log", xlabel="N", ylabel="time / SDPA (fwd+bwd)",
-           title="attnscale bench: each score's time / PyTorch SDPA (non-causal)")
-    ax.legend(fontsize=7, ncol=2)
-    return _save(fig, folder, "c5_speed")
-
-
-def fig_best_loss(ev: Evidence, folder: Path, name: str) -> str:
-    """C6: each score's best-LR eval loss per task."""
-    tasks = list(ev["best_loss"])
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.2), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
-        _bars(ax, ev["best_loss"][task], "best-LR eval loss")
-        ax.set_title(f"{task}: best-LR eval loss by score")
+def fig_forest(comps: dict[str, Any], folder: Path, name: str, title: str,
+               unit: str) -> str:
+    """A verdict's paired comparisons: mean difference and 95% interval each, with ±δ."""
+    items = [(k, c) for k, c in comps.items() if c.get("n")]
+    fig, ax = plt.subplots(figsize=(6, 0.35 * len(items) + 1.2))
+    for i, (_, c) in enumerate(items):
+        ax.errorbar(c["mean"], i, xerr=[[c["mean"] - c["lo"]], [c["hi"] - c["mean"]]],
+                    fmt="o", capsize=3, color=READING_COLORS.get(c["reading"], "k"))
+    if items:
+        d = items[0][1]["smallest"]
+        ax.axvspan(-d, d, color="#eee", zorder=0, label=f"±δ = {d:g}")
+        ax.legend(fontsize=7, loc="best")
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_yticks(range(len(items)), [k for k, _ in items], fontsize=7)
+    ax.set(xlabel=f"paired difference ({unit})", title=title)
     return _save(fig, folder, name)
 
 
-def fig_head_dim(ev: Evidence, folder: Path, name: str) -> str:
-    """C7, C13: best-LR eval loss of unscaled and scaled attention against d_k."""
+READING_COLORS = {"greater": "#c0392b", "less": "#2874a6", "equal": "#1e8449",
+                  "inconclusive": "#7f8c8d"}
+
+
+def fig_c5(ev: Evidence, folder: Path) -> str:
+    """C5: cosine / scaled_dot time and the noise floor against N, with 95% intervals."""
     fig, ax = plt.subplots(figsize=(5, 3))
-    dks = sorted(ev["best_loss"], key=int)
-    for variant in ("scaled_dot", "dot"):
-        means = [ev["best_loss"][d][variant]["mean"] for d in dks if variant in ev["best_loss"][d]]
-        ax.plot([int(d) for d in dks][: len(means)], means, marker="o", label=variant)
-    ax.set(xscale="log", xlabel="head dim d_k", ylabel="best-LR eval loss",
-           title="text, one head: unscaled vs scaled over d_k")
+    ns = [r["n"] for r in ev["rows"]]
+    for key, label in (("cosine", "cosine / scaled_dot"), ("floor", "scaled_dot / itself")):
+        r = [row[key] for row in ev["rows"]]
+        ax.errorbar(ns, [x["ratio"] for x in r],
+                    yerr=[[x["ratio"] - (x["lo"] or x["ratio"]) for x in r],
+                          [(x["hi"] or x["ratio"]) - x["ratio"] for x in r]],
+                    marker="o", capsize=3, label=label)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(xscale="log", xlabel="sequence length N", ylabel="time ratio (fwd+bwd)",
+           title="C5: overhead of cosine attention")
+    ax.legend(fontsize=8)
+    return _save(fig, folder, "c5_overhead")
+
+
+def fig_head_dim(ev: Evidence, folder: Path) -> str:
+    """C7, C13: dot − scaled and absorbed − scaled loss gap against d_k, per init regime."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for init in ev["inits"]:
+        for arm, ls in (("dot", "-"), ("dot_absorbed", ":")):
+            c = gaps(ev, init, arm)
+            ds = [int(d) for d, x in c.items() if x.get("n")]
+            xs = [c[str(d)] for d in ds]
+            ax.errorbar(ds, [x["mean"] for x in xs],
+                        yerr=[[x["mean"] - x["lo"] for x in xs], [x["hi"] - x["mean"] for x in xs]],
+                        marker="o", ls=ls, capsize=3, label=f"{arm} − scaled, {init} init")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set(xscale="log", xlabel="d_k (one head)", ylabel="Δ clipped eval loss (nats)",
+           title="C7/C13: cost of dropping 1/√d_k")
+    ax.legend(fontsize=7)
+    return _save(fig, folder, "c7_c13_head_dim")
+
+
+def fig_arms(ev: Evidence, folder: Path, name: str, title: str) -> str:
+    """Accuracy per arm: mean bar and every seed's value as a dot."""
+    arms = ev["accuracy"]["all"]
+    fig, ax = plt.subplots(figsize=(5.5, 3))
+    for i, a in enumerate(arms.values()):
+        xs = list(a["values"].values())
+        if xs:
+            ax.bar(i, sum(xs) / len(xs), color="#aec7e8")
+            ax.scatter([i] * len(xs), xs, s=10, color="#1f4e79", zorder=3)
+    ax.axhline(ev["chance"], color="grey", ls=":", label="chance")
+    ax.set_xticks(range(len(arms)), list(arms), rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel="eval accuracy", title=title)
     ax.legend(fontsize=8)
     return _save(fig, folder, name)
 
@@ -169,87 +164,94 @@ def fig_rem(ev: Evidence, folder: Path, key: str, ylabel: str, name: str) -> str
     return _save(fig, folder, name)
 
 
+def fig_c10(ev: Evidence, folder: Path) -> str:
+    """C10: per-row ‖J‖_F median and quartiles, and the RMS, against s / s_c."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for c in ev["curves"]:
+        x = [s / c["s_c"] for s in c["s"]]
+        line = ax.plot(x, c["median"], label=f"median, n={c['n']}")[0]
+        ax.fill_between(x, c["q1"], c["q3"], color=line.get_color(), alpha=0.2)
+        ax.plot(x, c["rms"], ls=":", color=line.get_color())
+    ax.axhline(1e-3, color="grey", ls="--", lw=0.8)
+    ax.set(yscale="log", xscale="log", xlabel="s / s_c", ylabel="‖J‖_F per row",
+           title="C10: median (band: quartiles), RMS dotted")
+    ax.legend(fontsize=7)
+    return _save(fig, folder, "c10_jacobian")
+
+
 def fig_c11(ev: Evidence, folder: Path) -> str:
-    """C11: clipped final loss against the learning rate, one panel per width."""
-    widths = sorted(ev["by_width"], key=int)
-    fig, axes = plt.subplots(1, len(widths), figsize=(5 * len(widths), 3.2), squeeze=False)
-    for ax, w in zip(axes[0], widths, strict=True):
-        for name, row in ev["by_width"][w].items():
-            pts = sorted((float(k), v) for k, v in row["loss_by_lr"].items())
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name,
-                    lw=2.2 if name in ("dot", "scaled_dot") else 0.9)
-        ax.set(xscale="log", xlabel="learning rate", ylabel="final loss (diverged = loss₀)",
-               title=f"{ev.get('task', 'text')} LR sweep, width {w}")
-    axes[0][-1].legend(fontsize=6, ncol=2)
-    return _save(fig, folder, "c11_lr_sweeps")
+    """C11: max |logit| against step at the larger width, one line per LR, dot and scaled."""
+    width = list(ev["sweep"])[-1]
+    arms = [a for a in ("dot", "scaled_dot") if a in ev["sweep"][width]]
+    fig, axes = plt.subplots(1, len(arms), figsize=(5 * len(arms), 3.2), squeeze=False)
+    for ax, arm in zip(axes[0], arms, strict=True):
+        for lr, curve in ev["sweep"][width][arm]["logit_curves"].items():
+            if curve:
+                ax.plot([s for s, _ in curve], [v for _, v in curve], label=f"lr {float(lr):g}")
+        ax.axhline(ev["logit_limit"], color="red", ls="--", lw=0.8)
+        ax.set(yscale="log", xlabel="step", ylabel="max |logit|", title=f"{arm}, {width}")
+        ax.legend(fontsize=6)
+    return _save(fig, folder, "c11_max_logit")
 
 
 def fig_c12(ev: Evidence, folder: Path) -> str:
-    """C12: logit size at initialization against d_k, and the trained max |logit|."""
+    """C12: scaled_dot's final max |logit| against LR per width, with 4·s_c(n)."""
     fig, ax = plt.subplots(figsize=(5, 3))
-    d = sorted(ev["init_std_scaled"], key=int)
-    ax.plot([int(x) for x in d], [ev["init_std_scaled"][x] for x in d], marker="o",
-            label="init, q·k/√d_k")
-    ax.plot([int(x) for x in d], [math.sqrt(int(x)) for x in d], ls=":", label="init, q·k")
-    ax.axhline(ev.get("trained_max_abs_logit") or 0, color="red", ls="--",
-               label="max |logit| after training (scaled)")
-    ax.set(xscale="log", yscale="log", xlabel="d_k", ylabel="logit size")
-    ax.set_title("logit size: init (unit-variance q, k) and after training (text)", fontsize=9)
-    ax.legend(fontsize=8)
-    return _save(fig, folder, "c12_logit_size")
-
-
-def fig_q1(ev: Evidence, folder: Path) -> str:
-    """Q1: best-LR loss against LR sensitivity, one panel per task."""
-    tasks = list(ev["by_task"])
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.4), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
-        rows = ev["by_task"][task]
-        for name, r in rows.items():
-            ax.scatter(r["lr_sensitivity"], r["best_loss"]["mean"], s=25)
-            ax.annotate(name, (r["lr_sensitivity"], r["best_loss"]["mean"]), fontsize=7)
-        ax.set(xlabel="LR sensitivity (Wortsman)", ylabel="best-LR loss",
-               title=f"{task}: best loss vs LR sensitivity")
-    return _save(fig, folder, "q1_alternatives")
+    for width, by_lr in ev["final_logit"].items():
+        pts = [(float(k), v) for k, v in by_lr.items() if v is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=width)
+    ax.axhline(4 * math.sqrt(2 * math.log(ev["n"])), color="red", ls="--", label="4·s_c(n)")
+    ax.set(xscale="log", yscale="log", xlabel="peak LR", ylabel="final max |logit|",
+           title="C12: scaled_dot logits after training")
+    ax.legend(fontsize=7)
+    return _save(fig, folder, "c12_trained_logits")
 
 
 def fig_q3(ev: Evidence, folder: Path) -> str:
-    """Q3: accuracy against evaluation length per score."""
-    fig, ax = plt.subplots(figsize=(5, 3))
-    for variant, by_len in ev["accuracy"].items():
-        keys = sorted(by_len, key=lambda k: int(k.split("=")[1]))
-        ax.errorbar([int(k.split("=")[1]) for k in keys], [by_len[k]["mean"] for k in keys],
-                    yerr=[(by_len[k]["hi"] or by_len[k]["mean"]) - by_len[k]["mean"]
-                          for k in keys], marker="o", capsize=3, label=variant)
-    ax.set(xscale="log", xlabel="eval length", ylabel="accuracy",
-           title="length task: accuracy by eval length")
-    ax.legend(fontsize=8)
+    """Q3: accuracy and attention weight on the answer against evaluation length."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3))
+    lengths = ev["lengths"]
+    for ax, key, label in ((axes[0], "accuracy", "accuracy"),
+                           (axes[1], "answer_weight", "attention on the answer")):
+        arms = ev[key][lengths[0]]["all"] if lengths else {}
+        for arm in arms:
+            ys = [ev[key][k]["all"].get(arm, {}).get("values", {}) for k in lengths]
+            ax.plot([int(k.split("=")[1]) for k in lengths],
+                    [sum(v.values()) / len(v) if v else math.nan for v in ys],
+                    marker="o", label=arm)
+        ax.set(xscale="log", xlabel="eval length", ylabel=label)
+        ax.legend(fontsize=8)
     return _save(fig, folder, "q3_length")
 
 
 def draw_all(evidence: dict[str, Evidence], measured: dict[str, Any], folder: Path,
-             minilm: dict[str, Any]) -> dict[str, list[str]]:
-    """Every claim's figures; a figure whose data is missing is skipped, not faked."""
+             verdicts: dict[str, Any]) -> dict[str, list[str]]:
+    """Every claim's figures; a figure whose data is missing is skipped, not faked.
+    ``verdicts``: claim id -> the rule's numbers (paired comparisons for the forest plots)."""
+    def forest(cid: str, title: str, unit: str) -> Callable[[], str]:
+        return lambda: fig_forest(verdicts[cid], folder, f"{cid.lower()}_effects", title, unit)
     jobs: dict[str, list[Callable[[], str]]] = {
         "C1": [lambda: fig_c1(evidence["C1"], measured["implementation"]["cases"], folder)],
         "C2": [lambda: fig_c2(folder)],
-        "C3": [lambda: fig_c3(evidence["C3"], folder)],
-        "C4": [lambda: fig_c4(evidence["C4"], folder)],
-        "C5": [lambda: fig_c5(measured["bench"]["rows"], folder)],
-        "C6": [lambda: fig_best_loss(evidence["C6"], folder, "c6_best_loss")],
-        "C7": [lambda: fig_head_dim(evidence["C7"], folder, "c7_c13_head_dim")],
+        "C3": [lambda: fig_arms(evidence["C3"], folder, "c3_salience", "C3: cue on ‖k‖ only"),
+               forest("C3", "cosine − scaled_dot accuracy", "accuracy")],
+        "C4": [lambda: fig_arms(evidence["C4"], folder, "c4_tau",
+                                f"C4: retrieval accuracy at n = {evidence['C4']['n']}"),
+               forest("C4", "cosine − scaled_dot accuracy", "accuracy")],
+        "C5": [lambda: fig_c5(evidence["C5"], folder)],
+        "C6": [forest("C6", "rival − scaled_dot loss", "nats")],
+        "C7": [lambda: fig_head_dim(evidence["C7"], folder)],
         "C8": [lambda: fig_c8(evidence["C8"], folder)],
         "C9": [lambda: fig_rem(evidence["C9"], folder, "entropy_norm", "E[entropy] / ln n",
                                "c9_entropy"),
                lambda: fig_rem(evidence["C9"], folder, "max_weight", "E[max weight]",
                                "c9_max_weight")],
-        "C10": [lambda: fig_rem(evidence["C10"], folder, "jacobian", "RMS ‖J‖_F",
-                                "c10_jacobian")],
-        "C11": [lambda: fig_c11(evidence["C11"], folder)],
+        "C10": [lambda: fig_c10(evidence["C10"], folder)],
+        "C11": [lambda: fig_c11(evidence["C11"], folder), forest("C11", "dot − scaled_dot", "")],
         "C12": [lambda: fig_c12(evidence["C12"], folder)],
         "C13": [lambda: str(folder / "c7_c13_head_dim.png")],
-        "Q1": [lambda: fig_q1(evidence["Q1"], folder)],
-        "Q2": [lambda: inspection.plot_heatmaps(minilm, str(folder))[0]],
+        "Q1": [forest("Q1", "modern − scaled_dot", "nats")],
+        "Q2": [lambda: inspection.plot_heatmaps(measured["minilm"], str(folder))[0]],
         "Q3": [lambda: fig_q3(evidence["Q3"], folder)],
     }
     out: dict[str, list[str]] = {}

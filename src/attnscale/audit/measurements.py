@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from attnscale.audit.studies import Preset
 from attnscale.core.attention import attention, reference_attention
 from attnscale.lab.store import Store
-from attnscale.measure import bench, inspection, montecarlo, theory
+from attnscale.measure import inspection, jacobian, montecarlo, overhead, theory
 from attnscale.measure.stats import attention_stats
 from attnscale.util.jsonio import dumps
 from attnscale.util.provenance import versions
@@ -46,7 +46,9 @@ def measure_all(p: Preset, store: Store, say: Callable[[str], None]) -> dict[str
         "implementation": ({}, measure_implementation),
         "qk": ({"samples": 20000}, measure_qk),
         "rem": ({"mc": p.mc_samples}, lambda: measure_rem(p)),
-        "bench": ({"n": p.bench_n, "repeats": p.bench_repeats}, lambda: measure_bench(p)),
+        "bench": (dict(p.bench), lambda: overhead.overhead_study(**p.bench)),
+        "jacobian": ({"rows": p.jacobian_rows},
+                     lambda: jacobian.standard_measurement(rows=p.jacobian_rows)),
         "minilm": ({"sentences": p.inspect_sentences}, lambda: measure_minilm(p)),
     }
     measured = {}
@@ -99,19 +101,6 @@ def measure_implementation() -> dict[str, Any]:
         "c2": {"max_abs_logit_tau1": max_abs[1.0], "max_abs_logit_tau10": max_abs[10.0],
                "max_err_vs_reference": cos_err},
     }
-
-
-def measure_bench(p: Preset) -> dict[str, Any]:
-    """C5: every score against SDPA at the largest N; cosine and scaled_dot at every N
-    (B=8, H=8, D=64, float32, fwd+bwd)."""
-    rows, facts = bench.run(n_values=p.bench_n[-1:], causal_values=(False,),
-                            repeats=p.bench_repeats, naive=False)
-    if len(p.bench_n) > 1:
-        more, _ = bench.run(n_values=p.bench_n[:-1], causal_values=(False,),
-                            scores=("scaled_dot", "cosine"), repeats=p.bench_repeats,
-                            naive=False)
-        rows = more + rows
-    return {"rows": [r.to_dict() for r in rows], "facts": facts}
 
 
 def measure_qk(samples: int = 20000, seed: int = 0) -> dict[str, Any]:

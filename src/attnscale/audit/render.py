@@ -14,37 +14,39 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from attnscale.audit.claims import CLAIMS, QUESTIONS, Claim
-from attnscale.audit.verdicts import DEPENDS, SUPPORTED, Evidence
+from attnscale.audit.verdicts import INCONCLUSIVE, Evidence, Verdict
 from attnscale.util.jsonio import dumps, jsonable
 
 CLAIMS_DOC = "docs/claims.md"  # where the claims are stated, relative to the source tree
 
 
-def judge(claim: Claim, ev: Evidence, figures: list[str]) -> dict[str, Any]:
+def judge(claim: Claim, ev: Evidence, figures: list[str] = ()) -> dict[str, Any]:
     """One report.json entry: the claim, its rule, the verdict and the numbers behind it."""
     try:
         v = claim.judge(ev)
-        verdict, rule, because, numbers = v.verdict, v.rule, v.because, v.numbers
     except (KeyError, ValueError, ZeroDivisionError, TypeError) as e:
         # Missing measurements (e.g. every run of a study failed): say so, judge nothing.
-        verdict, rule, numbers = DEPENDS, claim.rule, {}
-        because = f"inconclusive: not enough data to apply the rule ({e!r})"
+        v = Verdict(INCONCLUSIVE, claim.rule,
+                    f"not enough data to apply the rule ({e!r})",
+                    plain=["The measurements this rule needs are missing, so it decides "
+                           "nothing."])
     return {
         "id": claim.id, "claim": claim.text, "measures": claim.measures,
-        "verdict": verdict, "rule": rule, "because": because,
-        "thread_wrong": claim.thread_wrong if verdict != SUPPORTED else "",
+        "verdict": v.verdict, "headline": v.headline, "plain": list(v.plain),
+        "regime": v.regime, "smallest": v.smallest, "rule": v.rule, "because": v.because,
+
         "evidence": jsonable({k: v for k, v in ev.items() if k != "runs"}),
-        "numbers": jsonable(numbers),
+        "numbers": jsonable(v.numbers),
         "figures": list(figures),
         "runs": list(ev.get("runs", [])),
     }
 
 
-def judge_all(evidence: dict[str, Evidence], figures: dict[str, list[str]]
+def judge_all(evidence: dict[str, Evidence], figures: dict[str, list[str]] | None = None
               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Entries for every claim and every question, in their listed order."""
     def entries(items: list[Claim]) -> list[dict[str, Any]]:
-        return [judge(c, evidence[c.id], figures.get(c.id, [])) for c in items]
+        return [judge(c, evidence[c.id], (figures or {}).get(c.id, [])) for c in items]
 
     return entries(CLAIMS), entries(QUESTIONS)
 
@@ -62,6 +64,19 @@ def _prepare(entry: dict[str, Any]) -> dict[str, Any]:
             "evidence_json": dumps(entry["evidence"], indent=1)[:20000]}
 
 
+def timing_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
+    """The C5 timing table: cosine / scaled_dot and the noise floor at each N."""
+    out = []
+    for row in study.get("rows", []):
+        for key, name in (("cosine", "cosine / scaled_dot"), ("floor", "scaled_dot / itself")):
+            r = row[key]
+            out.append({"n": row["n"], "name": name, "ratio": r["ratio"],
+                        "lo": r["lo"] if r["lo"] is not None else float("nan"),
+                        "hi": r["hi"] if r["hi"] is not None else float("nan"),
+                        "repeats": r["n"]})
+    return out
+
+
 def render_html(report: dict[str, Any], explorer_html: str) -> str:
     """The self-contained page for a report.json dict and the explorer's HTML fragment."""
     env = Environment(loader=PackageLoader("attnscale.audit", "templates"),
@@ -71,6 +86,6 @@ def render_html(report: dict[str, Any], explorer_html: str) -> str:
         questions=[_prepare(q) for q in report["questions"]],
         preset=report["preset"], git_rev=report["git_rev"], versions=report["versions"],
         versions_json=dumps(report["versions"]), elapsed_s=report["elapsed_s"],
-        n_runs=report["n_runs"], bench_rows=report["bench"], claims_doc=CLAIMS_DOC,
+        n_runs=report["n_runs"], bench_rows=timing_rows(report["bench"]), claims_doc=CLAIMS_DOC,
         explorer=Markup(explorer_html),  # built by attnscale.audit.explorer with its own escaping
     )

@@ -3,10 +3,10 @@
 The pipeline:
 
 1. **Measure** what each claim needs without training (:mod:`attnscale.audit.measurements`:
-   exactness checks, theory and Monte Carlo, the kernel benchmark, the MiniLM inspection),
+   exactness checks, theory and Monte Carlo, the timing study, the MiniLM inspection),
    cached in the results database's ``measurements`` table, and run the training studies
-   (:mod:`attnscale.audit.studies`) through the sweep runner into the same database, so a
-   rerun resumes and skips finished runs.
+   (:mod:`attnscale.audit.studies`; tuning seeds first, :mod:`attnscale.audit.running`) through
+   the sweep runner into the same database, so a rerun resumes and skips finished runs.
 2. **Collect evidence** per claim from the stored runs and measurements
    (:mod:`attnscale.audit.evidence`).
 3. **Judge** each claim (docs/claims.md) with its rule from :mod:`attnscale.audit.claims` and
@@ -26,28 +26,26 @@ from attnscale.audit import explorer, figures
 from attnscale.audit.evidence import collect_evidence
 from attnscale.audit.measurements import cached, measure_all
 from attnscale.audit.render import judge_all, render_html
-from attnscale.audit.studies import PRESETS, Preset, study_specs, with_seed_offset
+from attnscale.audit.running import StudyRunner, study_runs
+from attnscale.audit.studies import PRESETS, Preset, Study, studies, with_seed_offset
 from attnscale.lab.executors import EXECUTORS
 from attnscale.lab.store import Store
-from attnscale.lab.sweep import SweepSpec, run_sweep
 from attnscale.util.jsonio import dumps, jsonable
 from attnscale.util.provenance import git_revision, versions
 from attnscale.util.validate import check_choice, check_int, check_output_folder
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: four verdicts, headline and plain sentences, C5 timing study
 
 
-def run_studies(p: Preset, db: Path, executor: str, workers: int, address: str | None,
-                progress: Callable[[str, Any], None] | None = None) -> dict[str, Any]:
-    """Run (or resume) every training study of preset ``p`` into the results database."""
-    counts = {}
-    for name, spec in study_specs(p).items():
-        counts[name] = run_sweep(
-            SweepSpec(**spec), db, workers=workers, executor=executor, address=address,
-            source=f"report:{name}",
-            progress=(lambda c, name=name: progress(name, c)) if progress else None,
-        )
-    return counts
+def run_studies(plan: dict[str, Study], db: Path, executor: str, workers: int,
+                address: str | None, progress: Callable[[str, Any], None] | None = None,
+                ) -> dict[str, list[dict[str, Any]]]:
+    """Run (or resume) every study into the results database; returns each study's runs."""
+    runner = StudyRunner(db, executor, workers, address, progress)
+    for study in plan.values():
+        runner.run(study)
+    with Store(db) as store:
+        return {name: study_runs(store, name) for name in plan}
 
 
 def explorer_fragment(store: Store) -> str:
@@ -59,7 +57,7 @@ def explorer_fragment(store: Store) -> str:
 
 
 def build_report(
-    preset: str = "standard",
+    preset: str | Preset = "standard",
     out: str | Path = "report",
     db: str | Path | None = None,
     executor: str = "local",
@@ -72,7 +70,7 @@ def build_report(
     """Measure, judge and write the report into folder ``out``; returns the report.json
     content. ``db`` is the results database (default ``out/results.db``); ``seed_offset`` K
     trains every study on disjoint seeds (:func:`attnscale.audit.studies.with_seed_offset`)."""
-    p = PRESETS[check_choice("preset", preset, PRESETS)]
+    p = preset if isinstance(preset, Preset) else PRESETS[check_choice("preset", preset, PRESETS)]
     p = with_seed_offset(p, check_int("seed_offset", seed_offset, minimum=0))
     check_int("workers", workers, minimum=1)
     check_choice("executor", executor, EXECUTORS)
@@ -82,18 +80,22 @@ def build_report(
     with Store(db) as store:
         measured = measure_all(p, store, say)
     say("training studies")
-    run_studies(p, db, executor, workers, address, progress)
+    plan = studies(p)
+    runs = run_studies(plan, db, executor, workers, address, progress)
     say("judging")
+    evidence = collect_evidence(plan, runs, measured)
     with Store(db) as store:
-        evidence = collect_evidence(store, measured)
         n_runs = sum(store.counts().values())
-    drawn = figures.draw_all(evidence, measured, out / "figures", measured["minilm"])
-    claims, questions = judge_all(evidence, drawn)
+    claims, questions = judge_all(evidence)
+    numbers = {e["id"]: e["numbers"] for e in claims + questions}
+    drawn = figures.draw_all(evidence, measured, out / "figures", numbers)
+    for e in claims + questions:
+        e["figures"] = drawn.get(e["id"], [])
     report = jsonable({
-        "schema_version": SCHEMA_VERSION, "preset": preset, "seed_offset": seed_offset,
-        "seeds": list(p.seeds), "claims": claims,
+        "schema_version": SCHEMA_VERSION, "preset": p.name, "seed_offset": seed_offset,
+        "seeds": list(p.seeds), "tune_seeds": list(p.tune_seeds), "claims": claims,
         "questions": questions, "versions": versions(), "git_rev": git_revision(),
-        "n_runs": n_runs, "bench": measured["bench"]["rows"],
+        "n_runs": n_runs, "bench": measured["bench"],
         "elapsed_s": time.perf_counter() - started,
     })
     (out / "report.json").write_text(dumps(report, indent=1))

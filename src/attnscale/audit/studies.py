@@ -1,14 +1,79 @@
 """What the report measures: presets (how much), the score variants and the training studies.
 
-Each study is a sweep spec for :func:`attnscale.lab.sweep.run_sweep`; the report runs every
-study of its preset into one results database.
+A :class:`Study` is a grid of training runs aimed at its claims: arms (score variants) crossed
+with cells (e.g. head dimension × init regime), every arm on the same seeds (paired: same init
+stream, same data order), and a rule for choosing each arm's learning rate on data that is not
+reported:
+
+* ``"grid"``: every reported seed runs every LR; seed s's LR is the best on the *other* seeds
+  (leave-one-seed-out cross-fitting), so no seed is scored at an LR chosen on itself. Used where
+  the whole LR curve is the measurement (Wortsman et al. 2023's LR sensitivity).
+* ``"tuned"``: tuning seeds (disjoint from the reported ones) run the grid; a best LR at the
+  grid's edge extends the grid by one step (up to ``extend`` times), else it is marked
+  censored; the reported seeds then run at the chosen LR only.
+
+Seeds: presets use report seeds below 10 and tuning seeds 50-59, and a seed offset K adds
+K·:data:`SEED_STRIDE` to both, so reports with different offsets share no seed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+SEED_STRIDE = 100
+LR_CHOICES = ("grid", "tuned")
+
+# Every variant the studies compare: name -> TrainConfig overrides.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "scaled_dot": {"score": "scaled_dot"},
+    "dot": {"score": "dot"},
+    "dot_absorbed": {"score": "dot", "absorb_scale": True},
+    "mup": {"score": "mup"},
+    "cosine_tau1": {"score": "cosine", "tau": 1.0},
+    "cosine_tau2": {"score": "cosine", "tau": 2.0},
+    "cosine_tau4": {"score": "cosine", "tau": 4.0},
+    "cosine_tau10": {"score": "cosine", "tau": 10.0},
+    "cosine_learned": {"score": "cosine", "temperature": "swin"},
+    "qk_layernorm": {"score": "qk_layernorm"},
+    "qk_rmsnorm": {"score": "qk_rmsnorm"},
+    "softcap": {"score": "softcap", "cap": 5.0},
+    "log_length": {"score": "log_length"},
+    "uniform": {"score": "scaled_dot", "scale": 0.0},  # every logit 0: the no-attention control
+    "cue_none": {"score": "scaled_dot", "cue": "none"},  # salience with no marked item
+}
+
+
+@dataclass(frozen=True)
+class Study:
+    """One training study: ``arms`` × ``cells`` × LRs × seeds, and how its LR is chosen."""
+
+    name: str
+    claims: tuple[str, ...]
+    base: dict[str, Any]
+    arms: tuple[str, ...]
+    lrs: tuple[float, ...]
+    seeds: tuple[int, ...]
+    cells: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    lr_choice: str = "grid"
+    tune_seeds: tuple[int, ...] = ()
+    extend: int = 2  # grid extensions at an edge ("tuned")
+    lr_step: float = 10 ** 0.5  # ratio between neighbouring LRs when extending
+
+    def __post_init__(self) -> None:
+        if self.lr_choice not in LR_CHOICES:
+            raise ValueError(f"lr_choice must be one of {LR_CHOICES}, got {self.lr_choice!r}")
+        if self.lr_choice == "tuned" and not self.tune_seeds:
+            raise ValueError(f"study {self.name}: lr_choice='tuned' needs tune_seeds")
+        if set(self.seeds) & set(self.tune_seeds):
+            raise ValueError(f"study {self.name}: tune_seeds must not be reported seeds")
+        unknown = [a for a in self.arms if a not in VARIANTS]
+        if unknown:
+            raise ValueError(f"study {self.name}: unknown arms {unknown}")
+
+    def variant(self, arm: str) -> dict[str, Any]:
+        """The sweep variant of ``arm``: its name and TrainConfig overrides."""
+        return {"name": arm, **VARIANTS[arm]}
 
 
 @dataclass(frozen=True)
@@ -17,130 +82,123 @@ class Preset:
 
     name: str
     seeds: tuple[int, ...]
-    lrs: tuple[float, ...]
-    widths: tuple[int, ...]
-    steps: int
-    text_steps: int
+    tune_seeds: tuple[int, ...]
+    steps: int  # steps of the text studies; the others scale from it
     head_dims: tuple[int, ...]
-    bench_n: tuple[int, ...]
-    bench_repeats: int
+    widths: tuple[int, ...]
+    lrs: tuple[float, ...]  # the Wortsman-style grid
+    tuned_lrs: tuple[float, ...]  # the starting grid of tuned studies
+    text_arms: tuple[str, ...]
+    bench: dict[str, Any]  # C5's timing study; one thread: two gave 5-10x noisier ratios
     mc_samples: int
     inspect_sentences: int
-    lr_scores: tuple[str, ...]
-    dk_lrs: tuple[float, ...] = (3e-3, 1e-2, 3e-2)
-
-
-# Every variant the training studies compare: name -> TrainConfig overrides.
-VARIANTS: dict[str, dict[str, Any]] = {
-    "scaled_dot": {"score": "scaled_dot"},
-    "dot": {"score": "dot"},
-    "mup": {"score": "mup"},
-    "cosine_tau1": {"score": "cosine", "tau": 1.0},
-    "cosine_tau10": {"score": "cosine", "tau": 10.0},
-    "cosine_learned": {"score": "cosine", "temperature": "swin"},
-    "qk_layernorm": {"score": "qk_layernorm"},
-    "qk_rmsnorm": {"score": "qk_rmsnorm"},
-    "softcap": {"score": "softcap", "cap": 5.0},
-    "log_length": {"score": "log_length"},
-}
-
-ALL_VARIANTS = tuple(VARIANTS)
-
-# Seed offset K moves every training seed by K·SEED_STRIDE. Presets use seeds below 10 and the
-# studies add 10 for their second set, so offsets never share a seed.
-SEED_STRIDE = 100
+    task_steps: dict[str, int] = field(default_factory=dict)
+    jacobian_rows: int = 2000  # C10's Monte Carlo rows per (n, s)
 
 
 def with_seed_offset(p: Preset, offset: int) -> Preset:
-    """Preset ``p`` on disjoint seeds: every seed s becomes s + offset·:data:`SEED_STRIDE`, so
-    two reports with different offsets are independent replications of the same studies."""
-    return replace(p, seeds=tuple(s + offset * SEED_STRIDE for s in p.seeds))
+    """Preset ``p`` on disjoint seeds: every seed s (reported and tuning) becomes
+    s + offset·:data:`SEED_STRIDE`, so reports with different offsets are independent
+    replications of the same studies."""
+    shift = offset * SEED_STRIDE
+    return replace(p, seeds=tuple(s + shift for s in p.seeds),
+                   tune_seeds=tuple(s + shift for s in p.tune_seeds))
 
+
+TEXT_ARMS = ("scaled_dot", "dot", "qk_layernorm", "cosine_tau1", "softcap", "cosine_learned")
 PRESETS: dict[str, Preset] = {
-    # For the tests: every stage runs, nothing is learned. Not offered on the command line.
-    "tiny": Preset("tiny", seeds=(0,), lrs=(1e-2,), widths=(16,), steps=8, text_steps=8,
-                   head_dims=(8, 16), bench_n=(64,), bench_repeats=1, mc_samples=100,
-                   inspect_sentences=2, lr_scores=("scaled_dot", "dot", "cosine_tau1",
-                                                   "cosine_tau10", "cosine_learned",
-                                                   "qk_layernorm"), dk_lrs=(1e-2,)),
-    "quick": Preset("quick", seeds=(0,), lrs=(3e-3, 3e-2), widths=(32,), steps=150,
-                    text_steps=150, head_dims=(8, 32), bench_n=(256, 1024), bench_repeats=2,
+    # For the tests: every study runs, nothing is learned. Not offered on the command line.
+    "tiny": Preset("tiny", seeds=(0, 1, 2), tune_seeds=(50,), steps=3, head_dims=(8, 16),
+                   widths=(16,), lrs=(1e-2,), tuned_lrs=(1e-2,), text_arms=TEXT_ARMS,
+                   bench={"n_values": (64,), "min_repeats": 3, "target": 0.5, "budget_s": 2.0,
+                          "threads": 1},
+                   mc_samples=100, inspect_sentences=2,
+                   task_steps={"tau": 3, "salience": 3, "length": 3}, jacobian_rows=200),
+    "quick": Preset("quick", seeds=(0, 1, 2), tune_seeds=(50,), steps=40, head_dims=(16, 64),
+                    widths=(32,), lrs=(3e-3, 3e-2), tuned_lrs=(3e-3, 3e-2),
+                    text_arms=TEXT_ARMS,
+                    bench={"n_values": (256,), "min_repeats": 5, "target": 0.1,
+                           "budget_s": 5.0, "threads": 1},
                     mc_samples=300, inspect_sentences=8,
-                    lr_scores=("scaled_dot", "dot", "cosine_tau1", "cosine_tau10",
-                               "cosine_learned", "qk_layernorm"), dk_lrs=(1e-2,)),
-    "standard": Preset("standard", seeds=(0, 1), lrs=(3e-3, 1e-2, 3e-2, 1e-1),
-                       widths=(32, 64), steps=300, text_steps=250, head_dims=(8, 32, 64),
-                       bench_n=(256, 1024), bench_repeats=3, mc_samples=1000,
-                       inspect_sentences=64, lr_scores=ALL_VARIANTS, dk_lrs=(3e-3, 1e-2)),
-    "full": Preset("full", seeds=(0, 1, 2), lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
-                   widths=(64, 128), steps=1500, text_steps=1000, head_dims=(8, 32, 128),
-                   bench_n=(256, 1024, 2048), bench_repeats=3, mc_samples=3000,
-                   inspect_sentences=256, lr_scores=ALL_VARIANTS, dk_lrs=(1e-3, 3e-3, 1e-2)),
+                    task_steps={"tau": 100, "salience": 100, "length": 100}),
+    "standard": Preset("standard", seeds=(0, 1, 2, 3, 4), tune_seeds=(50, 51), steps=150,
+                       head_dims=(16, 64, 128, 256), widths=(32, 128),
+                       lrs=(1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
+                       tuned_lrs=(1e-3, 3e-3, 1e-2, 3e-2), text_arms=TEXT_ARMS,
+                       bench={"n_values": (256, 1024, 4096), "min_repeats": 30, "target": 0.02,
+                              "budget_s": 30.0, "threads": 1},
+                       mc_samples=1000, inspect_sentences=64,
+                       task_steps={"tau": 200, "salience": 300, "length": 200}),
+    # Sized for a GPU or a Ray cluster: run with --executor ray --address host:port.
+    "full": Preset("full", seeds=(0, 1, 2, 3, 4), tune_seeds=(50, 51), steps=2000,
+                   head_dims=(16, 64, 128, 256, 512), widths=(64, 256, 1024),
+                   lrs=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
+                   tuned_lrs=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2),
+                   text_arms=(*TEXT_ARMS, "qk_rmsnorm", "mup"),
+                   bench={"n_values": (256, 1024, 4096, 8192), "min_repeats": 50,
+                          "target": 0.01, "budget_s": 120.0, "threads": 1},
+                   mc_samples=3000, inspect_sentences=256,
+                   task_steps={"tau": 3000, "salience": 2000, "length": 3000}),
 }
 
-# The thread's alternatives, the modern ones and the baseline, for the MQAR accuracy study.
-MQAR_VARIANTS = ("scaled_dot", "dot", "cosine_tau1", "cosine_tau10", "cosine_learned")
-# MQAR in Zoology's layout with 4 pairs and a 256-token vocabulary; an attention-only 2-layer,
-# 1-head model sits at chance for a seed-dependent 200-1300 steps, then jumps to ~100% (the
-# training lab's calibration at lr 1e-3; at lr 3e-3 and 1e-2 neither seed left chance in 1000
-# steps). The standard preset gives it 1500 steps.
-MQAR = {"task": "mqar", "seq_len": 64, "num_kv_pairs": 4, "vocab_size": 256, "n_layers": 2,
-        "n_heads": 1, "d_model": 128, "mlp": False, "batch_size": 32}
-MQAR_STEPS = {"tiny": 8, "quick": 200, "standard": 1500, "full": 3000}
-TEXT = {"task": "text", "seq_len": 64, "n_heads": 2, "n_layers": 2, "batch_size": 16}
+def cut_down(p: Preset) -> Preset:
+    """Preset ``p`` at the size of a smoke test: its arms, cells, widest width and extreme head
+    dimensions, three seeds, one LR, two steps; used to check that a big preset (``full``) runs
+    end to end on a cluster without spending its hours."""
+    return replace(p, name=f"{p.name}-cut", seeds=p.seeds[:3], tune_seeds=p.tune_seeds[:1],
+                   steps=2, head_dims=(p.head_dims[0], p.head_dims[-1]), widths=p.widths[-1:],
+                   lrs=p.lrs[:1], tuned_lrs=p.tuned_lrs[:1], bench=PRESETS["tiny"].bench,
+                   mc_samples=100, inspect_sentences=2, task_steps=dict.fromkeys(p.task_steps, 2),
+                   jacobian_rows=200)
 
 
-def _variants(names: Iterable[str]) -> list[dict[str, Any]]:
-    return [{"name": n, **VARIANTS[n]} for n in names]
+TEXT = {"task": "text", "seq_len": 32, "batch_size": 16, "n_layers": 2, "mlp": False}
+# Retrieval of one pair token among fillers (the length task's fused layout: one attention
+# layer solves it by matching the query key and copying).
+RETRIEVAL = {"task": "length", "layout": "fused", "num_pairs": 4, "num_keys": 16,
+             "num_values": 16, "num_fillers": 64, "pos": "rope", "d_model": 64, "n_heads": 2,
+             "n_layers": 1, "mlp": False, "batch_size": 32}
+TAU = {**RETRIEVAL, "seq_len": 32, "eval_multipliers": [1]}
+LENGTH = {**RETRIEVAL, "seq_len": 32, "eval_multipliers": [1, 2, 4]}
+# The salience cue on ‖k‖ only (scaled after W_k, past LayerNorm); the salient and distractor
+# scale ranges overlap (1.3 ± 0.2 against 1), so even the best rule scores ~0.82, not 1.
+SALIENCE = {"task": "salience", "layout": "items", "cue_at": "key", "num_items": 16,
+            "salient_scale": 1.3, "jitter": 0.2, "n_heads": 2, "n_layers": 1, "mlp": False,
+            "d_model": 64, "batch_size": 32}
+TAU_ARMS = ("scaled_dot", "dot", "cosine_tau1", "cosine_tau2", "cosine_tau4", "cosine_tau10",
+            "cosine_learned")
 
 
-def study_specs(p: Preset) -> dict[str, dict[str, Any]]:
-    """The training studies of preset ``p`` as sweep specs ({name, base, axes, variant}).
+def schedule(steps: int) -> dict[str, int]:
+    """Steps, warmup (a tenth, at most 25) and history rows every steps/6."""
+    return {"steps": steps, "warmup_steps": min(25, steps // 10),
+            "log_every": max(1, steps // 6)}
 
-    lr_text: every score × LR grid × seed on char-level text at the wider width (C6, C12, Q1),
-    lr_text_narrow: the same at the narrower widths, one seed (C11 compares widths);
-    lr_mqar: cosine variants and baselines on MQAR (C4, C6); salience (C3), in the "items" layout
-    (the answer is the attended token itself, so no induction circuit is needed and 300 steps
-    learn it; the "pairs" layout stayed at chance at this budget); head_dim: unscaled
-    vs scaled over d_k at one head (C7, C13); length: train at n, test at 2n, 4n (Q3).
-    """
-    warm = min(25, p.steps // 4)
-    log = max(1, min(50, p.steps // 4))
-    run = {"steps": p.steps, "warmup_steps": warm, "log_every": log}
-    text_run = {"steps": p.text_steps, "warmup_steps": min(25, p.text_steps // 4),
-                "log_every": max(1, min(50, p.text_steps // 4))}
-    mqar_scores = [v for v in MQAR_VARIANTS if v in p.lr_scores]
-    mqar_steps = MQAR_STEPS.get(p.name, p.steps)
-    two_seeds = list(p.seeds) + [s + 10 for s in p.seeds]
-    wide, narrow = p.widths[-1], p.widths[:-1]
-    specs = {
-        "lr_text": {"name": "lr_text", "base": {**TEXT, **text_run, "d_model": wide},
-                    "axes": {"lr": list(p.lrs), "seed": list(p.seeds)},
-                    "variant": _variants(p.lr_scores)},
-        "lr_mqar": {"name": "lr_mqar",
-                    "base": {**MQAR, "steps": mqar_steps, "warmup_steps": min(100, mqar_steps // 4),
-                             "log_every": max(1, min(100, mqar_steps // 4)), "lr": 1e-3},
-                    "axes": {"seed": list(p.seeds)},
-                    "variant": _variants(mqar_scores)},
-        "salience": {"name": "salience",
-                     "base": {"task": "salience", "layout": "items", "d_model": p.widths[-1],
-                              "n_heads": 2, "n_layers": 2, "batch_size": 32, "lr": 3e-3, **run},
-                     "axes": {"seed": two_seeds},
-                     "variant": _variants(("scaled_dot", "cosine_tau1", "cosine_tau10",
-                                          "cosine_learned"))},
-        "head_dim": {"name": "head_dim", "base": {**TEXT, **text_run, "n_heads": 1},
-                     "axes": {"d_model": list(p.head_dims), "lr": list(p.dk_lrs),
-                              "seed": list(p.seeds)},
-                     "variant": _variants(("scaled_dot", "dot"))},
-        "length": {"name": "length",
-                   "base": {"task": "length", "seq_len": 32, "pos": "none", "d_model": 64,
-                            "n_heads": 2, "n_layers": 2, "batch_size": 32, "lr": 3e-3, **run},
-                   "axes": {"seed": two_seeds},
-                   "variant": _variants(("scaled_dot", "log_length"))},
+
+def studies(p: Preset) -> dict[str, Study]:
+    """The training studies of preset ``p`` (docs/claims.md says what each claim needs)."""
+    tuned = {"lrs": p.tuned_lrs, "seeds": p.seeds, "lr_choice": "tuned",
+             "tune_seeds": p.tune_seeds}
+    one_tune = {**tuned, "tune_seeds": p.tune_seeds[:1]}  # the costly study tunes on one seed
+    steps = p.task_steps
+    return {
+        # C7, C13 (and C10's trained saturation, C12's init logits): one head, d_model = d_k
+        "head_dim": Study("head_dim", ("C7", "C10", "C12", "C13"),
+                          {**TEXT, **schedule(p.steps), "n_heads": 1},
+                          ("scaled_dot", "dot", "dot_absorbed"),
+                          cells={"init": ("gpt2", "unit"), "d_model": p.head_dims}, **one_tune),
+        # C6, C11, C12, Q1: Wortsman et al. 2023's LR sweep at two widths
+        "lr_text": Study("lr_text", ("C6", "C11", "C12", "Q1"),
+                         {**TEXT, **schedule(p.steps), "n_heads": 2},
+                         p.text_arms, p.lrs, p.seeds, cells={"d_model": p.widths}),
+        # C4, C6: the temperature of cosine attention on a task that needs sharp attention
+        "tau": Study("tau", ("C4", "C6"), {**TAU, **schedule(steps["tau"])}, TAU_ARMS,
+                     **tuned),
+        # C3: the relevant key is marked only by its norm
+        "salience": Study("salience", ("C3",), {**SALIENCE, **schedule(steps["salience"])},
+                          ("scaled_dot", "cosine_tau1", "cosine_tau10", "cosine_learned",
+                           "uniform", "cue_none"), **tuned),
+        # Q3: trained at n, evaluated at 2n and 4n
+        "length": Study("length", ("Q3",), {**LENGTH, **schedule(steps["length"])},
+                        ("scaled_dot", "log_length"), **tuned),
     }
-    if narrow:  # the second width of the LR sweep (C11), one seed
-        specs["lr_text_narrow"] = {
-            "name": "lr_text_narrow", "base": {**TEXT, **text_run},
-            "axes": {"lr": list(p.lrs), "d_model": list(narrow), "seed": list(p.seeds[:1])},
-            "variant": _variants(p.lr_scores)}
-    return specs

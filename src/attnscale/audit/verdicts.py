@@ -12,27 +12,45 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED, REFUTED, DEPENDS = "supported", "refuted", "depends"
-VERDICTS = (SUPPORTED, REFUTED, DEPENDS)
+SUPPORTED, REFUTED, DEPENDS, INCONCLUSIVE = "supported", "refuted", "depends", "inconclusive"
+VERDICTS = (SUPPORTED, REFUTED, DEPENDS, INCONCLUSIVE)
 
 Evidence = dict[str, Any]
 
-NOT_LEARNED = (". Guard: if scaled_dot's accuracy CI stays below twice chance the task was not "
-               "learned and the verdict is depends (inconclusive)")
+# The smallest real effects the rules share, and why (printed with each rule).
+LOSS_DELTA = 0.02
+LOSS_WHY = ("0.02 nats: about 1% of these models' eval loss, and below the spread of one arm "
+            "across LRs near its optimum, so a smaller gap would not change which score to use")
+ACC_DELTA = 0.05
+ACC_WHY = "5 accuracy points: one eval answer in twenty"
 
 
 @dataclass
 class Verdict:
-    """A rule's answer: the verdict, the rule as printed, and the numbers that decided it."""
+    """A rule's answer: the verdict, the rule as printed, and the numbers that decided it.
+
+    ``headline`` is the verdict in a few words with its effect (e.g. "supported, small: +3.1%
+    [2.0%, 4.2%]"; the bare verdict when empty); ``plain`` holds two or three sentences, built
+    from the verdict and its numbers, on what the thread got right, what it got wrong and what
+    the answer depends on; ``regime`` names the regime the evidence is from (e.g. "q, k
+    components of unit variance at init"); ``smallest`` states the smallest effect the rule
+    treats as real, and why.
+    """
 
     verdict: str
     rule: str
     because: str
     numbers: dict[str, Any] = field(default_factory=dict)
+    headline: str = ""
+    plain: list[str] = field(default_factory=list)
+    regime: str = ""
+    smallest: str = ""
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        if not self.headline:
+            self.headline = self.verdict
 
 
 def fmt_ci(x: dict[str, Any] | None) -> str:
@@ -44,18 +62,27 @@ def fmt_ci(x: dict[str, Any] | None) -> str:
     return f"{x['mean']:.3g} [{x['lo']:.3g}, {x['hi']:.3g}]"
 
 
-def above(a: dict[str, Any], b: dict[str, Any], margin: float = 0.0) -> bool:
-    """a is above b: a's lower CI bound exceeds b's upper bound plus ``margin``
-    (for single-seed values, the means are compared)."""
-    a_lo = a["lo"] if a.get("lo") is not None else a["mean"]
-    b_hi = b["hi"] if b.get("hi") is not None else b["mean"]
-    return a_lo > b_hi + margin
+def fmt_effect(c: dict[str, Any], unit: str = "", digits: int = 3) -> str:
+    """A comparison's mean difference, 95% interval, unit and reading: ``+0.12 [+0.05, +0.19]
+    nats: greater``."""
+    u = f" {unit}" if unit else ""
+    return (f"{c['mean']:+.{digits}g} [{c['lo']:+.{digits}g}, {c['hi']:+.{digits}g}]{u}: "
+            f"{c['reading']}")
 
 
-def not_learned(acc: dict[str, Any], chance: float) -> bool:
-    """The baseline's accuracy CI does not clear twice chance: the task was not learned."""
-    hi = acc["hi"] if acc.get("hi") is not None else acc["mean"]
-    return hi < 2 * chance
+def aggregate(readings: list[str], favour: set[str], against: set[str]) -> str:
+    """A claim's verdict from its comparisons' readings: SUPPORTED if every reading favours the
+    claim, REFUTED if every reading is against it, DEPENDS if some favour and some are against,
+    INCONCLUSIVE otherwise (no readings, or undecided ones and only one side decided)."""
+    pro = [r in favour for r in readings]
+    con = [r in against for r in readings]
+    if readings and all(pro):
+        return SUPPORTED
+    if readings and all(con):
+        return REFUTED
+    if any(pro) and any(con):
+        return DEPENDS
+    return INCONCLUSIVE
 
 
 def loglog_slope(x: list[float], y: list[float]) -> float:

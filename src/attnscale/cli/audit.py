@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -13,14 +14,17 @@ from attnscale.cli.app import app, console, shown_from_first_report
 from attnscale.lab.executors import EXECUTORS
 from attnscale.util.validate import check_choice, check_output_file, check_output_folder
 
-VERDICT_COLORS = {"supported": "green", "refuted": "red", "depends": "yellow"}
+VERDICT_COLORS = {"supported": "green", "refuted": "red", "depends": "yellow",
+                  "inconclusive": "bright_black"}
 
 
 @app.command()
 def report(
     quick: Annotated[bool, typer.Option("--quick", help="About 2 minutes.")] = False,
     standard: Annotated[bool, typer.Option("--standard", help="The default (≤ 15 min).")] = False,
-    full: Annotated[bool, typer.Option("--full", help="Everything, hours on a laptop.")] = False,
+    full: Annotated[bool, typer.Option("--full", help=(
+        "Sized for a Ray cluster: widths to 1024, d_k to 512, thousands of steps; use "
+        "--executor ray --address host:port."))] = False,
     out: Annotated[str, typer.Option("--out", help="Output folder.")] = "report",
     db: Annotated[str | None, typer.Option("--db", help="Results database (OUT/results.db).")]
     = None,
@@ -62,12 +66,12 @@ def report(
 
 
 def print_verdicts(result: dict[str, Any], preset: str, out: str) -> None:
-    """One row per claim and question: its id, verdict and reason."""
+    """One row per claim and question: its id, verdict and headline."""
     table = Table(title=f"attnscale report ({preset}) -> {out}/index.html")
-    for col in ("ID", "verdict", "because"):
+    for col in ("ID", "verdict", "headline"):
         table.add_column(col)
     for c in result["claims"] + result["questions"]:
         color = VERDICT_COLORS[c["verdict"]]
-        table.add_row(c["id"], f"[{color}]{c['verdict']}[/]", c["because"][:160])
+        table.add_row(c["id"], f"[{color}]{c['verdict']}[/]", escape(c["headline"][:160]))
     Console().print(table)
     console.print(f"elapsed {result['elapsed_s']:.0f} s")

@@ -64,6 +64,9 @@ def attention(
     )
     if sc.fused:
         qp, kp, sdpa_scale = sc.prepare(q, k, scale, params, ctx)
+        if isinstance(sdpa_scale, (int, float)) and sdpa_scale == 0:
+            # every logit is 0; PyTorch's CPU flash kernel returns NaN for scale=0 when causal
+            qp, sdpa_scale = qp * 0, 1.0
         gqa = k.shape[1] != q.shape[1]
         causal = is_causal
         if mask is not None and is_causal:

@@ -39,7 +39,7 @@ __all__ = [
 SCORE_PARAMS = ("tau", "cap", "c", "s", "eps", "scale")  # score parameters with their own field
 TASK_OPTIONS = (
     "vocab_size", "num_kv_pairs", "power_a", "num_items", "num_item_tokens", "num_values",
-    "salient_scale", "jitter", "cue", "layout", "num_pairs", "num_keys", "num_fillers",
+    "salient_scale", "jitter", "cue", "layout", "cue_at", "num_pairs", "num_keys", "num_fillers",
     "eval_multipliers", "eval_size", "eval_batch_size", "eval_windows",
 )  # fmt: skip
 # Per-task values for fields left unset: the MQAR quick config. Zoology's vocabulary of 8192
@@ -118,14 +118,18 @@ class TrainConfig(BaseModel):
     power_a: float | None = Field(None, description="mqar query-gap power law (0.01).")
     num_items: int | None = Field(None, description="salience items per sequence (8).")
     num_item_tokens: int | None = Field(None, description="salience item vocabulary (64).")
-    num_values: int | None = Field(None, description="salience/length value vocabulary (64).")
+    num_values: int | None = Field(None, description="value vocabulary (salience 64, length 16).")
     salient_scale: float | None = Field(None, description="salience embedding scale (3.0).")
     jitter: float | None = Field(None, description="salience scale jitter (0.1).")
     cue: str | None = Field(None, description="salience cue: scale, token or none.")
-    layout: str | None = Field(None, description="salience layout: pairs or items.")
+    layout: str | None = Field(
+        None, description="salience: pairs or items; length: fused or pairs.")
+    cue_at: str | None = Field(
+        None, description="salience cue applied to: embedding (default) or key (after W_k)."
+    )
     num_pairs: int | None = Field(None, description="length key-value pairs (4).")
-    num_keys: int | None = Field(None, description="length key vocabulary (64).")
-    num_fillers: int | None = Field(None, description="length filler vocabulary (128).")
+    num_keys: int | None = Field(None, description="length key vocabulary (16).")
+    num_fillers: int | None = Field(None, description="length filler vocabulary (64).")
     eval_multipliers: list[int] | None = Field(None, description="length eval lengths / n.")
     eval_size: int | None = Field(None, description="Eval sequences (task default).")
     eval_batch_size: int | None = Field(None, description="Eval batch size (task default).")
@@ -159,6 +163,9 @@ class TrainConfig(BaseModel):
     init: Literal["gpt2", "mup", "unit"] = Field(
         "gpt2", description="Initialization: gpt2 (std 0.02), mup, or unit (q and k components "
         "of unit variance at init, as Vaswani's √d_k argument assumes).")
+    absorb_scale: bool = Field(
+        False, description="Absorb 1/√d_k into q and k: their projections' init and Adam LR × "
+        "d_k^(−1/4) (for an unscaled score such as dot; under Adam this reproduces scaled_dot).")
     tie_embeddings: bool = Field(True, description="Share input embedding and readout.")
     mlp: bool = Field(True, description="MLP in every block (the task's default: off for mqar).")
 
@@ -235,6 +242,11 @@ class TrainConfig(BaseModel):
             if name in self.score_params and name in SCORE_PARAMS:
                 raise ValueError(f"score_params: {name} has its own option; set {name} instead")
         check_temperature(self.score, self.temperature)
+        if self.absorb_scale:
+            sc, d_k = get_score(self.score), self.d_model // self.n_heads
+            if sc.dot_factor is None or sc.dot_factor(d_k, None, sc.defaults) != 1.0:
+                raise ValueError(f"absorb_scale needs an unscaled score (logit q·k, such as "
+                                 f"'dot'), not {self.score!r}")
         if self.temperature != "fixed":
             for name in get_score(self.score).learnable[self.temperature].supplies:
                 if name in given or name in self.score_params:

@@ -13,8 +13,19 @@ Block (pre-LN, no biases, as Wortsman et al. 2023 use)::
 ``mlp=False`` drops the second line: attention-only blocks, as Zoology's MQAR models use
 (Arora et al. 2023, state mixer = identity).
 
-Inputs: ``tokens`` (B, T) int64 and an optional ``scale`` (B, T) that multiplies the token
-embedding before positions are added (the salience task's magnitude cue, ``Batch.scale``).
+Inputs: ``tokens`` (B, T) int64 and an optional ``scale`` (B, T), the salience task's magnitude
+cue (``Batch.scale``). ``cue_at`` says where it acts:
+
+* ``"embedding"`` (default): it multiplies the token embedding before positions are added,
+  ``h_t = scale_t·E[x_t] + P[t]``. Every block reads ``LN(h)``, so the first layer sees the cue
+  only as a change of direction, and the value vectors and the residual stream carry it too.
+* ``"key"``: it multiplies the key of token t in every attention layer after its projection
+  (and RoPE), ``k_t = scale_t·W_K LN(h_t)``, and nothing else. The embedding, q and v are
+  computed without it, and k is used only by the attention score, so the cue reaches the
+  residual stream (and later layers) only through the attention weights. A dot-product logit
+  q·k_t grows linearly in scale_t; cosine, τ·q·k/(‖q‖‖k‖), is exactly invariant to a positive
+  scale_t (learned τ or not: τ is per head, not per key), so under ``"key"`` a cosine model's
+  output does not depend on the cue at all.
 
 Initialization (``init``):
 
@@ -61,6 +72,7 @@ from attnscale.util.validate import check_choice, check_float, check_int
 
 POS = ("learned", "rope", "none")
 INITS = ("gpt2", "mup", "unit")
+CUE_AT = ("embedding", "key")  # where GPT.forward applies ``scale`` (module docstring)
 
 
 @dataclass
@@ -70,7 +82,8 @@ class GPTConfig:
     ``seq_len`` is the block size: the number of learned position embeddings (``pos="learned"``)
     and the L of QKNorm's g₀ = log₂(L² − L) (``temperature="qknorm"``). ``score_params`` holds the
     score's fixed parameters (tau, cap, c, s, eps, scale); ``s`` is the initial value of the
-    learnable per-head ``s`` for ``log_length``.
+    learnable per-head ``s`` for ``log_length``. ``cue_at`` (:data:`CUE_AT`) is where
+    :meth:`GPT.forward` applies its ``scale``.
     """
 
     vocab_size: int = 256
@@ -83,6 +96,7 @@ class GPTConfig:
     score_params: dict[str, float] = field(default_factory=dict)
     temperature: str = "fixed"
     pos: str = "learned"
+    cue_at: str = "embedding"
     causal: bool = True
     init: str = "gpt2"
     init_std: float = 0.02
@@ -99,6 +113,7 @@ class GPTConfig:
         for name in ("vocab_size", "seq_len", "d_model", "n_layers", "mlp_ratio", "mup_base_width"):
             check_int(name, getattr(self, name))
         check_choice("pos", self.pos, POS)
+        check_choice("cue_at", self.cue_at, CUE_AT)
         check_choice("init", self.init, INITS)
         check_float("init_std", self.init_std, low=0.0)
 
@@ -118,13 +133,45 @@ class MLP(nn.Module):
         return self.dropout(self.proj(self.gelu(self.fc(x))))
 
 
+class KeyScaledAttention(MultiheadSelfAttention):
+    """:class:`MultiheadSelfAttention` whose keys can be rescaled per token: k_t ← s_t·k_t.
+
+    ``forward(x, key_scale=s)`` with s (B, N) multiplies each key after its projection and RoPE,
+    before the score (so the ``capture`` hook and the monitor see the scaled keys); q and v are
+    untouched. ``key_scale=None`` is the plain module.
+    """
+
+    key_scale: Tensor | None = None  # set for the duration of one forward call
+
+    def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """As the parent's, then k (B, Hkv, N, d) times key_scale (B, N) per token."""
+        q, k, v = super().split_heads(x)
+        if self.key_scale is not None:
+            k = k * self.key_scale[:, None, :, None].to(k.dtype)  # (B, Hkv, N, d)
+        return q, k, v
+
+    def forward(
+        self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool | None = None,
+        key_scale: Tensor | None = None,
+    ) -> Tensor:
+        """x (B, N, d_model) -> (B, N, d_model), keys scaled by ``key_scale`` (B, N) if given."""
+        if key_scale is not None and key_scale.shape != x.shape[:2]:
+            raise ValueError(f"key_scale must be (B, N) = {tuple(x.shape[:2])}, "
+                             f"got shape {tuple(key_scale.shape)}")
+        self.key_scale = key_scale
+        try:
+            return super().forward(x, attn_mask, is_causal)
+        finally:
+            self.key_scale = None
+
+
 class Block(nn.Module):
     """Pre-LN Transformer block: x + attn(LN(x)), then x + mlp(LN(x)) (skipped if mlp=False)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
-        self.attn = MultiheadSelfAttention(
+        self.attn = KeyScaledAttention(
             config.d_model,
             config.n_heads,
             config.n_kv_heads,
@@ -145,8 +192,9 @@ class Block(nn.Module):
         else:
             self.ln_2 = self.mlp = None
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.resid_dropout(self.attn(self.ln_1(x)))  # (B, T, C)
+    def forward(self, x: Tensor, key_scale: Tensor | None = None) -> Tensor:
+        """x (B, T, C) -> (B, T, C); ``key_scale`` (B, T) multiplies the attention's keys."""
+        x = x + self.resid_dropout(self.attn(self.ln_1(x), key_scale=key_scale))  # (B, T, C)
         if self.mlp is None:
             return x
         return x + self.mlp(self.ln_2(x))  # (B, T, C)
@@ -232,7 +280,8 @@ class GPT(nn.Module):
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, tokens: Tensor, scale: Tensor | None = None) -> Tensor:
-        """tokens (B, T) -> logits (B, T, vocab); ``scale`` (B, T) multiplies token embeddings."""
+        """tokens (B, T) -> logits (B, T, vocab); ``scale`` (B, T) multiplies the token
+        embeddings (``cue_at="embedding"``) or every layer's keys (``cue_at="key"``)."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (B, T), got shape {tuple(tokens.shape)}")
         t = tokens.shape[1]
@@ -241,14 +290,18 @@ class GPT(nn.Module):
                 f"sequence length {t} exceeds seq_len={self.config.seq_len} of the learned "
                 f"position embeddings; use pos='rope' or 'none' for longer sequences"
             )
+        if scale is not None and scale.shape != tokens.shape:
+            raise ValueError(f"scale must be (B, T) = {tuple(tokens.shape)}, "
+                             f"got shape {tuple(scale.shape)}")
+        on_key = scale is not None and self.config.cue_at == "key"
         x = self.wte(tokens)  # (B, T, C)
-        if scale is not None:
+        if scale is not None and not on_key:
             x = x * scale.unsqueeze(-1).to(x.dtype)  # (B, T, C)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(t, device=tokens.device))  # (B, T, C) + (T, C)
         x = self.drop(x)
         for block in self.blocks:
-            x = block(x)  # (B, T, C)
+            x = block(x, scale if on_key else None)  # (B, T, C)
         x = self.ln_f(x)
         logits = self.lm_head(x)  # (B, T, vocab)
         return logits if self.readout_mult == 1.0 else logits * self.readout_mult

@@ -68,6 +68,12 @@ def paired_differences(a: Mapping[Any, float], b: Mapping[Any, float]) -> np.nda
     return d
 
 
+def no_spread(d: np.ndarray) -> bool:
+    """Every difference is the same up to float rounding (sd ≤ 1e-12·max(1, |mean|)): e.g.
+    k/6 − (k−1)/6 differs in its last bits with k."""
+    return float(d.std(ddof=1)) <= 1e-12 * max(1.0, abs(float(d.mean())))
+
+
 def paired_effect(
     a: Mapping[Any, float],
     b: Mapping[Any, float],
@@ -85,7 +91,7 @@ def paired_effect(
                          f"seeds, got {len(d)}; use method='t'")
     n, mean = len(d), float(d.mean())
     sd = float(d.std(ddof=1))
-    if sd == 0.0:  # every seed moved by the same amount: the interval is that amount
+    if no_spread(d):  # every seed moved by the same amount: the interval is that amount
         return Effect(mean, mean, mean, n, 0.0 if mean else 1.0, confidence, method)
     p = float(stats.ttest_1samp(d, 0.0).pvalue)
     if method == "t":
@@ -110,6 +116,69 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p[i]))
         adjusted[i] = running
     return adjusted.tolist()
+
+
+def reading_pvalues(a: Mapping[Any, float], b: Mapping[Any, float],
+                    smallest: float) -> dict[str, float]:
+    """One-sided paired t-test p-values for each reading of d = a − b against δ = ``smallest``:
+    ``greater`` (H0: mean d ≤ δ), ``less`` (H0: mean d ≥ −δ) and ``equal`` (two one-sided
+    tests, H0: |mean d| ≥ δ; the larger of the two p-values). At level α/2 each reading is
+    exactly the interval reading of :func:`classify` for a (1 − α) t-interval."""
+    check_float("smallest", smallest, low=0.0)
+    d = paired_differences(a, b)
+    if no_spread(d):  # each reading holds or fails outright
+        m = float(d.mean())
+        return {GREATER: float(m <= smallest), LESS: float(m >= -smallest),
+                EQUAL: float(abs(m) >= smallest)}
+    def one_sided(popmean: float, alternative: str) -> float:
+        return float(stats.ttest_1samp(d, popmean, alternative=alternative).pvalue)
+    return {GREATER: one_sided(smallest, "greater"), LESS: one_sided(-smallest, "less"),
+            EQUAL: max(one_sided(-smallest, "greater"), one_sided(smallest, "less"))}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One comparison of a claim: the paired effect, its reading after Holm's correction across
+    the claim's comparisons, that reading's Holm-adjusted p-value and the smallest real effect."""
+
+    effect: Effect
+    reading: str
+    p_holm: float
+    smallest: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain numbers, for evidence and JSON."""
+        return {**self.effect.to_dict(), "reading": self.reading, "p_holm": self.p_holm,
+                "smallest": self.smallest}
+
+
+def compare_family(
+    pairs: Mapping[str, tuple[Mapping[Any, float], Mapping[Any, float]]],
+    smallest: float | Mapping[str, float],
+    confidence: float = 0.95,
+) -> dict[str, Comparison]:
+    """Every comparison of one claim, read with Holm's correction across them.
+
+    ``pairs`` maps a comparison's name to its two arms (seed -> value). For each comparison the
+    best-supported reading (smallest p of :func:`reading_pvalues`) is kept; those p-values are
+    Holm-adjusted across the family and a reading stands when its adjusted p is at most
+    (1 − ``confidence``)/2, else the comparison is :data:`INCONCLUSIVE`. With one comparison
+    this is :func:`classify` of the ``confidence`` t-interval.
+    """
+    check_float("confidence", confidence, low=0.0, high=1.0)
+    if not pairs:
+        raise ValueError("pairs must hold at least one comparison")
+    deltas = {k: float(smallest[k] if isinstance(smallest, Mapping) else smallest)
+              for k in pairs}
+    effects = {k: paired_effect(a, b, confidence) for k, (a, b) in pairs.items()}
+    best = {}
+    for k, (a, b) in pairs.items():
+        ps = reading_pvalues(a, b, deltas[k])
+        best[k] = min(ps.items(), key=lambda kv: kv[1])
+    adjusted = dict(zip(best, holm([p for _, p in best.values()]), strict=True))
+    alpha_side = (1 - confidence) / 2
+    return {k: Comparison(effects[k], best[k][0] if adjusted[k] <= alpha_side else INCONCLUSIVE,
+                          adjusted[k], deltas[k]) for k in pairs}
 
 
 def classify(effect: Effect, smallest: float) -> str:

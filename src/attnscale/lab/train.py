@@ -51,9 +51,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnscale.core.nn import MultiheadSelfAttention
+from attnscale.lab.build import (
+    absorb_factor,
+    build_model,
+    build_optimizer,
+    build_task,
+    lr_at,
+    qk_projections,
+)
 from attnscale.lab.config import TrainConfig
-from attnscale.lab.models import GPT, GPTConfig
-from attnscale.lab.tasks import IGNORE_INDEX, Batch, Task, make_task
+from attnscale.lab.models import GPTConfig
+from attnscale.lab.tasks import IGNORE_INDEX, Batch, Task
 from attnscale.measure.monitor import Monitor
 from attnscale.util import provenance
 from attnscale.util.jsonio import jsonable
@@ -64,16 +72,19 @@ __all__ = [
     "RunResult",
     "TrainConfig",
     "Trainer",
+    "absorb_factor",
     "build_model",
     "build_optimizer",
     "build_task",
     "evaluate",
     "lr_at",
+    "qk_projections",
     "run",
 ]
 
 DIVERGENCE_GRACE_STEPS = 10
-LAYER_STATS = ("max_abs_logit", "entropy", "entropy_normalized", "max_weight", "logsumexp")
+LAYER_STATS = ("max_abs_logit", "logit_std", "entropy", "entropy_normalized", "max_weight",
+               "saturated_fraction", "logsumexp")
 
 Progress = Callable[[int, float], None]  # (steps done, training loss of the last step)
 
@@ -115,69 +126,6 @@ class RunResult:
 # --------------------------------------------------------------------------------------------
 # Building blocks
 # --------------------------------------------------------------------------------------------
-
-
-def build_task(config: TrainConfig) -> Task:
-    """The task of ``config`` (its options over :data:`attnscale.lab.config.TASK_DEFAULTS`)."""
-    return make_task(config.task, seq_len=config.seq_len, seed=config.seed, **config.task_options())
-
-
-def build_model(config: TrainConfig, task: Task) -> GPT:
-    """A :class:`GPT` sized for ``task`` (vocabulary, length, causal), seeded by ``config.seed``."""
-    torch.manual_seed(config.seed)
-    return GPT(
-        GPTConfig(
-            vocab_size=task.vocab_size,
-            seq_len=task.seq_len,
-            d_model=config.d_model,
-            n_heads=config.n_heads,
-            n_kv_heads=config.n_kv_heads,
-            n_layers=config.n_layers,
-            score=config.score,
-            score_params=config.score_kwargs(),
-            temperature=config.temperature,
-            pos=config.pos,
-            causal=task.causal,
-            init=config.init,
-            init_std=config.init_std,
-            tie_embeddings=config.tie_embeddings,
-            mlp=config.mlp,
-        )
-    )
-
-
-def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over groups keyed by (decays?, lr factor); weight decay made independent (λ/η).
-
-    Linear and embedding weights decay; everything else (norms, score parameters) does not.
-    Learning-rate factors come from ``model.lr_scales()`` if it has one (µP), else 1.
-    """
-    scales = model.lr_scales() if hasattr(model, "lr_scales") else {}
-    decays = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))}
-    groups: dict[tuple[bool, float], list[nn.Parameter]] = {}
-    for name, p in model.named_parameters():
-        groups.setdefault((id(p) in decays, scales.get(name, 1.0)), []).append(p)
-    param_groups = [
-        {
-            "params": params,
-            "lr_scale": factor,
-            "weight_decay": config.weight_decay / (config.lr * factor) if decay else 0.0,
-        }
-        for (decay, factor), params in groups.items()
-    ]
-    return torch.optim.AdamW(
-        param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.adam_eps
-    )
-
-
-def lr_at(step: int, config: TrainConfig) -> float:
-    """Linear warmup, then cosine decay to min_lr_ratio·lr (formula in the module docstring)."""
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    span = max(1, config.steps - config.warmup_steps)
-    progress = min(1.0, (step - config.warmup_steps) / span)
-    floor = config.lr * config.min_lr_ratio
-    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (config.lr - floor)
 
 
 def losses(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -259,22 +207,41 @@ def rms(x: Tensor) -> float:
 
 
 def evaluate(model: nn.Module, task: Task) -> dict[str, dict[str, float | None]]:
-    """{eval set: {"loss": cross-entropy, "metric": task metric}} on the task's eval sets."""
+    """{eval set: {"loss": cross-entropy, "metric": task metric}} on the task's eval sets.
+
+    For a task that says where its answers sit (``answer_positions``, e.g. ``length``) each set
+    also holds "answer_weight": the attention weight the labelled position puts on the answer,
+    mean over the set's sequences, max over heads and layers
+    (:func:`attnscale.lab.probe.forward_with_answer_weights`, from the same forward pass).
+    """
+    # Imported here so that this function is the only part of the module the probe touches.
+    from attnscale.lab.probe import forward_with_answer_weights, has_answer_positions, summarize
+
+    probe = has_answer_positions(task)
+    empty: dict[str, float | None] = {"loss": None, "metric": None}
+    if probe:
+        empty["answer_weight"] = None
     if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-        return {name: {"loss": None, "metric": None} for name in task.eval_batches()}
+        return {name: dict(empty) for name in task.eval_batches()}
     was_training = model.training
     model.eval()
     out: dict[str, dict[str, float | None]] = {}
     with torch.no_grad():
         for name, batches in task.eval_batches().items():
-            nats, total, count = 0.0, 0.0, 0
+            nats, total, count, weights = 0.0, 0.0, 0, []
             for b in batches:
-                logits = model(b.tokens, b.scale)  # (B, T, V)
+                if probe:
+                    logits, w = forward_with_answer_weights(model, b, task.answer_positions(b))
+                    weights.append(w)  # (layers, B, heads)
+                else:
+                    logits = model(b.tokens, b.scale)  # (B, T, V)
                 flat = logits.reshape(-1, logits.shape[-1])
                 nats += float(F.cross_entropy(flat, b.targets.reshape(-1), reduction="sum"))
                 s, n = task.metric_sum(logits, b)
                 total, count = total + s, count + n
             out[name] = {"loss": nats / count, "metric": total / count}
+            if probe:
+                out[name]["answer_weight"] = summarize(torch.cat(weights, dim=1))["max"]
     model.train(was_training)
     return out
 

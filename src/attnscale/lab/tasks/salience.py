@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+from torch import Tensor
 
+from attnscale.lab.models import CUE_AT
 from attnscale.lab.tasks.base import IGNORE_INDEX, Batch, Task, distinct
 from attnscale.util.validate import check_choice, check_float, check_int
 
@@ -47,7 +49,29 @@ class SalienceTask(Task):
     leaks into the key's direction (through the LayerNorm of ``s*e + p``, and in later layers
     through the unnormalised residual stream, where ``s*e`` is mixed with attention outputs).
     Without positional embeddings ``LN(s*e) = LN(e)`` up to eps, so no first-layer score sees the
-    scale at all. Whether the leak is enough for cosine attention is what the data decides.
+    scale at all. That is ``cue_at="embedding"`` (the default). It cannot tell whether a score
+    uses ``|k|``: the LayerNorm turns the cue into a direction that any score can read, and the
+    value vectors carry it too (uniform attention averages the values, and the salient item's
+    value differs from a distractor's).
+
+    ``cue_at="key"`` isolates ``|k|``: the model applies ``Batch.scale`` to every attention
+    layer's key after its projection, ``k_t = scale_t * W_K LN(h_t)``, and nowhere else
+    (:class:`attnscale.lab.models.GPT`; the batches are the same, only the model reads
+    ``scale`` differently). The embedding, q and v are computed without the cue and k is used
+    only by the score, so the cue reaches the residual stream (and the values' mixture) only
+    through the attention weights. A dot-product logit ``q . k_t`` is multiplied by scale_t,
+    while ``tau * cos(q, k_t)`` is exactly invariant to it (scale_t >= 1 - jitter > 0), for a
+    fixed or learned per-head tau. So a cosine model's output is independent of the cue and
+    its accuracy is at most chance; the dot product can find the salient key if it learns a
+    query with a positive, token-independent overlap with every item key, so that the salient
+    key's logit is the largest. The margin ``salient_scale - 1 - 2*jitter`` between the
+    smallest salient and the largest distractor scale sets how large ``q . k`` must grow; when
+    it is negative the ranges overlap and even the best reader of ``|k|`` (the max-scale rule)
+    errs: its accuracy is the Bayes ceiling (0.82 for 16 items at 1.3 +- 0.2).
+
+    :meth:`answer_positions` gives the salient item's position (its value's, for "pairs"), so
+    evaluation also reports the attention weight the QUERY puts there (``answer_weight``,
+    :mod:`attnscale.lab.probe`): 1/T for uniform attention over the T positions.
 
     Metric: accuracy at the QUERY position. Chance (``chance_level``) = 1/m: any rule that
     ignores ``scale`` (first item, most frequent value, smallest token...) is right with
@@ -62,7 +86,8 @@ class SalienceTask(Task):
     def __init__(self, *, seq_len: int | None = None, seed: int = 0, num_items: int = 8,
                  num_item_tokens: int = 64, num_values: int = 64, salient_scale: float = 3.0,
                  jitter: float = 0.1, cue: str = "scale", layout: str = "pairs",
-                 eval_size: int = 1024, eval_batch_size: int | None = None) -> None:
+                 cue_at: str = "embedding", eval_size: int = 1024,
+                 eval_batch_size: int | None = None) -> None:
         super().__init__(seed=seed)
         self.num_items = check_int("num_items", num_items, minimum=2)
         self.num_item_tokens = check_int("num_item_tokens", num_item_tokens)
@@ -71,6 +96,7 @@ class SalienceTask(Task):
         self.jitter = check_float("jitter", jitter, low=0.0, high=1.0, low_inclusive=True)
         self.cue = check_choice("cue", cue, ("scale", "token", "none"))
         self.layout = check_choice("layout", layout, ("pairs", "items"))
+        self.cue_at = check_choice("cue_at", cue_at, CUE_AT)
         if self.salient_scale - self.jitter <= 0:
             raise ValueError(
                 f"salient_scale - jitter must stay positive; got salient_scale="
@@ -130,5 +156,23 @@ class SalienceTask(Task):
         targets = torch.full_like(tokens, IGNORE_INDEX)
         targets[:, -1] = answer
         return Batch(tokens, targets, scale)
+
+    def answer_positions(self, batch: Batch) -> Tensor:
+        """(B,) int64: the position whose token the answer is read from, for
+        :mod:`attnscale.lab.probe` (the attention weight the QUERY puts there).
+
+        ``"items"``: the salient item (shown as its marked copy under ``cue="token"``);
+        ``"pairs"``: the salient item's value. Decoded from the tokens and the target, so any
+        batch of this task works (``cue="none"`` too: the target still names one item);
+        ValueError if a sequence does not hold exactly one match.
+        """
+        target = batch.targets[:, -1:]  # (B, 1)
+        ctx = batch.tokens[:, :-1]  # (B, T-1)
+        match = ctx == target
+        if self.layout == "items" and self.cue == "token":
+            match |= ctx == target + (self.marked_offset - self.item_offset)
+        if not bool((match.sum(dim=1) == 1).all()):
+            raise ValueError("every sequence must hold its answer exactly once")
+        return match.long().argmax(dim=1)
 
 

@@ -1,0 +1,204 @@
+"""The rules the LR sweep at two widths decides (C11, C12, Q1), in the style of Wortsman et al.
+2023 (arXiv 2309.14322): per seed, LR sensitivity (mean over the grid of the clipped loss
+above its minimum) and the fraction of the grid that was unstable (max |logit| > 1e4, a
+divergence, or a final loss more than 1 nat above the best run at that width). Comparisons are
+paired per seed and Holm-corrected (:mod:`attnscale.audit.compare`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from attnscale.audit.compare import family
+from attnscale.audit.verdicts import (
+    DEPENDS,
+    INCONCLUSIVE,
+    LOSS_DELTA,
+    LOSS_WHY,
+    REFUTED,
+    SUPPORTED,
+    Evidence,
+    Verdict,
+    aggregate,
+    fmt_effect,
+)
+from attnscale.lab.paired import EQUAL, GREATER, LESS
+
+GPT2 = "GPT-2 init (weights std 0.02), character-level text"
+UNSTABLE_DELTA = 0.1  # under one LR of a six-point grid (1/6): one more unstable LR is real
+
+
+def sweep_arm(ev: Evidence, width: str, arm: str, key: str) -> dict[str, Any] | None:
+    """Per-seed values of ``key`` ("sensitivity" or "unstable") for one arm at one width."""
+    a = ev["sweep"].get(width, {}).get(arm)
+    return {"values": a[key], "censored": False} if a else None
+
+
+def excess(ev: Evidence, key: str, arm: str = "dot") -> dict[str, Any]:
+    """Per-seed ``arm`` − scaled_dot difference of ``key`` at the largest minus the smallest
+    width: does the excess grow with width?"""
+    w = list(ev["sweep"])
+    if len(w) < 2:
+        return {"values": {}, "censored": False}
+    small, large = (ev["sweep"][x] for x in (w[0], w[-1]))
+    if arm not in small or arm not in large:
+        return {"values": {}, "censored": False}
+    seeds = set(small[arm][key]) & set(large[arm][key]) & set(small["scaled_dot"][key]) \
+        & set(large["scaled_dot"][key])
+    return {"values": {s: (large[arm][key][s] - large["scaled_dot"][key][s])
+                       - (small[arm][key][s] - small["scaled_dot"][key][s]) for s in seeds},
+            "censored": False}
+
+
+C11_RULE = ("LR sweep (six LRs, 1e-3 to 3e-1) at two widths, GPT-2 init. Per width, paired "
+            "per-seed differences dot − scaled_dot of LR sensitivity (smallest effect 0.02 "
+            "nats) and of the unstable fraction of the grid (smallest effect 0.1: one LR of six is "
+            "real); and "
+            "the growth of the sensitivity excess from the smaller to the larger width. "
+            "Supported if dot is more sensitive or more unstable at the larger width AND the "
+            "sensitivity excess grows with width; refuted if dot is equal (or better) on both "
+            "measures at every width; depends if dot is worse somewhere but the excess does "
+            "not grow; inconclusive otherwise")
+
+
+def c11_family(ev: Evidence) -> dict[str, Any]:
+    """Sensitivity and instability comparisons per width, and the growth of the excess."""
+    pairs, deltas = {}, {}
+    for w in ev["sweep"]:
+        for key, delta in (("sensitivity", LOSS_DELTA), ("unstable", UNSTABLE_DELTA)):
+            pairs[f"{w} {key}"] = (sweep_arm(ev, w, "dot", key),
+                                   sweep_arm(ev, w, "scaled_dot", key))
+            deltas[f"{w} {key}"] = delta
+    grow = excess(ev, "sensitivity")
+    pairs["growth"] = (grow, {"values": dict.fromkeys(grow["values"], 0.0)})
+    deltas["growth"] = LOSS_DELTA
+    return family(pairs, deltas)
+
+
+def judge_c11(ev: Evidence) -> Verdict:
+    """C11: instability and LR sensitivity of unscaled against scaled, and their growth."""
+    widths = list(ev["sweep"])
+    if not widths:
+        return Verdict(INCONCLUSIVE, C11_RULE, "no LR sweep was run", regime=GPT2)
+    comps = c11_family(ev)
+    large = [comps[f"{widths[-1]} {k}"]["reading"] for k in ("sensitivity", "unstable")]
+    per_width = [c["reading"] for k, c in comps.items() if k != "growth"]
+    growth = comps["growth"]["reading"]
+    if GREATER in large and growth == GREATER:
+        verdict = SUPPORTED
+    elif per_width and all(r in (EQUAL, LESS) for r in per_width):
+        verdict = REFUTED
+    elif GREATER in per_width and growth in (EQUAL, LESS):
+        verdict = DEPENDS
+    else:
+        verdict = INCONCLUSIVE
+    peaks = {w: max((v for v in ev["sweep"][w].get("dot", {}).get("peak_logit_by_lr", {})
+                     .values() if v is not None), default=math.nan) for w in widths}
+    plain = [
+        f"At width {widths[-1]} unscaled attention's LR sensitivity differs from scaled by "
+        f"{comps[f'{widths[-1]} sensitivity']['mean']:+.3f} nats and its unstable share of "
+        f"the grid by {comps[f'{widths[-1]} unstable']['mean']:+.2f} ({large[0]}, {large[1]}).",
+        f"Its largest logits reach {', '.join(f'{v:.3g} (width {w})' for w, v in peaks.items())}"
+        f" against Wortsman et al.'s 1e4 marker.",
+        f"Growth with width: {fmt_effect(comps['growth'], 'nats')}; the answer depends on the LR "
+        "range one is willing to tune over."]
+    return Verdict(verdict, C11_RULE, "; ".join(f"{k}: {fmt_effect(c)}" for k, c in
+                                                comps.items()), comps,
+                   headline=f"{verdict}: width {widths[-1]} sensitivity "
+                   f"{comps[f'{widths[-1]} sensitivity']['mean']:+.3f} nats",
+                   plain=plain, regime=GPT2,
+                   smallest=f"{LOSS_WHY}; instability: 0.1 of the grid, so one more unstable "
+                   "LR of six (1/6) counts")
+
+
+C12_RULE = ("Step 0: scaled_dot's logit std measured in the model itself (layer 1, mean over "
+            "seeds) in each init regime; O(1) means between 0.25 and 4. After training: "
+            "scaled_dot's final max |logit| at EVERY LR of the sweep, against 4·s_c(n) (s_c = "
+            "√(2 ln n), where softmax saturates). Supported if the unit-variance regime's init "
+            "std is O(1) at every d_k and trained logits stay below 4·s_c at every LR; depends "
+            "if init is O(1) but trained logits pass 4·s_c at some LRs; refuted if the "
+            "unit-variance init std is not O(1); inconclusive without data")
+
+
+def judge_c12(ev: Evidence) -> Verdict:
+    """C12: scaled_dot's logit size at init (both regimes) and after training at every LR."""
+    init = ev["init_std"]  # regime -> d_k -> mean logit std
+    unit = [v for v in init.get("unit", {}).values() if v is not None]
+    limit = 4 * math.sqrt(2 * math.log(ev["n"]))
+    trained: dict[str, float] = {}  # LR -> largest final max |logit| over the widths
+    for by_lr in ev["final_logit"].values():
+        for lr, v in by_lr.items():
+            if v is not None:
+                trained[lr] = max(v, trained.get(lr, v))
+    past = sorted({float(lr) for lr, v in trained.items() if v > limit})
+    if not unit or not trained:
+        verdict = INCONCLUSIVE
+    elif not all(0.25 <= v <= 4 for v in unit):
+        verdict = REFUTED
+    else:
+        verdict = DEPENDS if past else SUPPORTED
+    fmt = "; ".join(f"{reg}: " + ", ".join(f"d_k={d} {v:.3g}" for d, v in by.items()
+                                           if v is not None) for reg, by in init.items())
+    top = max(trained.values(), default=math.nan)
+    unit_range = f"{min(unit, default=math.nan):.2f}–{max(unit, default=math.nan):.2f}"
+    o1 = "O(1), as the thread says" if unit and all(0.25 <= v <= 4 for v in unit) else \
+        "not O(1)"
+    plain = [f"At init, with unit-variance q and k, q·k/√d_k has std {unit_range} across d_k: "
+             f"{o1}."]
+    small = [v for v in init.get("gpt2", {}).values() if v is not None]
+    if small:
+        plain.append(f"With GPT-2 init the model's own logits start at std "
+                     f"{min(small):.3g}–{max(small):.3g}: the init, not the division, sets "
+                     f"their size there.")
+    plain.append(f"Training moves them: scaled_dot's largest final logit is {top:.3g} (limit "
+                 f"{limit:.1f}), past it at LR {', '.join(f'{x:g}' for x in past) or 'none'}.")
+    return Verdict(verdict, C12_RULE, f"init logit std {fmt}; trained max |logit| by LR "
+                   f"{ {k: round(v, 2) for k, v in trained.items()} } (limit {limit:.1f})",
+                   {"past": past, "limit": limit}, headline=f"{verdict}: "
+                   f"{'trained logits pass 4·s_c at LR ' + str(past) if past else 'O(1)'}",
+                   plain=plain, regime="both init regimes; text LR sweep",
+                   smallest="O(1) = within a factor 4 of 1; saturation from 4·s_c(n)")
+
+
+Q1_RULE = ("The modern scores (qk_layernorm, softcap, learned-τ cosine) against scaled_dot at "
+           "each width of the LR sweep: paired per-seed differences of clipped loss (LR chosen "
+           "leave-one-seed-out) and of LR sensitivity, Holm-corrected. A score 'matches with "
+           "lower sensitivity' if its loss reads equal or less AND its sensitivity reads less. "
+           "Supported (Wortsman et al. 2023) if some score does at every width; refuted if at "
+           "every width every score is decided and none does; depends if it holds at some "
+           "widths only; inconclusive otherwise")
+MODERN = ("qk_layernorm", "softcap", "cosine_learned", "qk_rmsnorm")
+
+
+def judge_q1(ev: Evidence) -> Verdict:
+    """Q1: which modern scores match scaled_dot's loss with lower LR sensitivity, per width."""
+    pairs, deltas = {}, {}
+    for w, row in ev["loss"].items():
+        for m in (m for m in MODERN if m in row):
+            pairs[f"{w} {m} loss"] = (row[m], row.get("scaled_dot"))
+            pairs[f"{w} {m} sensitivity"] = (sweep_arm(ev, w, m, "sensitivity"),
+                                             sweep_arm(ev, w, "scaled_dot", "sensitivity"))
+            deltas[f"{w} {m} loss"] = deltas[f"{w} {m} sensitivity"] = LOSS_DELTA
+    comps = family(pairs, deltas) if pairs else {}
+    per_width = {}
+    for w, row in ev["loss"].items():
+        good, decided = [], True
+        for m in (m for m in MODERN if m in row):
+            loss, sens = comps[f"{w} {m} loss"]["reading"], comps[f"{w} {m} sensitivity"]["reading"]
+            if loss in (EQUAL, LESS) and sens == LESS:
+                good.append(m)
+            decided &= "inconclusive" not in (loss, sens)
+        has_modern = any(m in row for m in MODERN)
+        per_width[w] = good or ([] if decided and has_modern else None)
+    marks = [SUPPORTED if g else REFUTED if g == [] else INCONCLUSIVE for g in per_width.values()]
+    verdict = aggregate(marks, {SUPPORTED}, {REFUTED})
+    plain = [f"{w}: {', '.join(g) if g else 'no modern score' if g == [] else 'undecided'} "
+             f"matches scaled_dot with lower LR sensitivity." for w, g in per_width.items()]
+    plain.append("What 'better' means here depends on the grid: sensitivity averages the loss "
+                 "over LRs nobody would choose, which rewards scores that tolerate large LRs.")
+    return Verdict(verdict, Q1_RULE, "; ".join(f"{k}: {fmt_effect(c)}" for k, c in
+                                               comps.items()), comps,
+                   headline=f"{verdict}: " + "; ".join(f"{w}: {', '.join(g or []) or '—'}"
+                                                       for w, g in per_width.items()),
+                   plain=plain, regime=GPT2, smallest=LOSS_WHY)

@@ -1,0 +1,97 @@
+"""Running a study's sweeps into the results database, tuning phase first.
+
+A ``grid`` study is one sweep. A ``tuned`` study is (1) the tuning seeds over the LR grid,
+(2) for every cell and arm whose best LR sits at an edge, one more LR beyond that edge
+(× or ÷ the study's ``lr_step``), repeated up to ``extend`` times, and (3) the reported seeds at
+each cell and arm's chosen LR (:mod:`attnscale.audit.selection`). Every run has a stable id
+(its config's hash), so a killed report resumes where it stopped and a rerun runs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attnscale.audit.selection import Cell, cells, in_cell, tuned_choice
+from attnscale.audit.studies import Study
+from attnscale.lab.store import FINISHED, Store
+from attnscale.lab.sweep import SweepSpec, is_current, run_sweep
+
+Progress = Callable[[str, Any], None]
+
+
+def study_runs(store: Store, name: str) -> list[dict[str, Any]]:
+    """The finished runs of study ``name`` that belong to the current code's grid, with their
+    histories (see :func:`attnscale.lab.sweep.is_current`)."""
+    runs = store.runs(where={"sweep": name}, history=True, status=FINISHED)
+    return [r for r in runs if is_current(r)]
+
+
+def grid_spec(study: Study, seeds: tuple[int, ...], lrs: tuple[float, ...],
+              cell: Cell = (), arms: tuple[str, ...] | None = None) -> SweepSpec:
+    """The sweep of ``arms`` (default: all) at ``cell`` (default: every cell) × ``lrs`` ×
+    ``seeds``."""
+    axes: dict[str, list[Any]] = {} if cell else {k: list(v) for k, v in study.cells.items()}
+    axes.update(lr=list(lrs), seed=list(seeds))
+    return SweepSpec(name=study.name, base={**study.base, **dict(cell)}, axes=axes,
+                     variant=[study.variant(a) for a in (arms or study.arms)])
+
+
+class StudyRunner:
+    """Runs studies into ``db`` through one executor setting; ``progress(name, counts)``."""
+
+    def __init__(self, db: Path, executor: str, workers: int, address: str | None,
+                 progress: Progress | None = None) -> None:
+        self.db, self.executor, self.workers, self.address = db, executor, workers, address
+        self.progress = progress
+
+    def sweep(self, spec: SweepSpec, label: str) -> Any:
+        """Run (or resume) one sweep."""
+        report = (lambda c: self.progress(label, c)) if self.progress else None
+        return run_sweep(spec, self.db, workers=self.workers, executor=self.executor,
+                         address=self.address, source=f"report:{label}", progress=report)
+
+    def run(self, study: Study) -> None:
+        """Every run of ``study``: the grid, or tuning, extension and the reported seeds."""
+        if study.lr_choice == "grid":
+            self.sweep(grid_spec(study, study.seeds, study.lrs), study.name)
+            return
+        self.sweep(grid_spec(study, study.tune_seeds, study.lrs), f"{study.name} (tuning)")
+        for _ in range(study.extend if len(study.lrs) > 1 else 0):
+            extra = self.extensions(study)
+            if not extra:
+                break
+            for (cell, arm), lr in extra.items():
+                self.sweep(grid_spec(study, study.tune_seeds, (lr,), cell, (arm,)),
+                           f"{study.name} (extending)")
+        for (cell, arm), lr in self.choices(study).items():
+            self.sweep(grid_spec(study, study.seeds, (lr,), cell, (arm,)), study.name)
+
+    def tuning(self, study: Study) -> dict[tuple[Cell, str], tuple[float, bool, dict]]:
+        """(cell, arm) -> :func:`attnscale.audit.selection.tuned_choice` on the tuning runs."""
+        with Store(self.db) as store:
+            runs = [r for r in study_runs(store, study.name)
+                    if r["config"]["seed"] in study.tune_seeds]
+        out = {}
+        for cell in cells(study):
+            for arm in study.arms:
+                mine = [r for r in runs if in_cell(r, cell, arm)]
+                try:
+                    out[cell, arm] = tuned_choice(mine)
+                except ValueError:  # nothing measured (no runs, or none with a finite loss)
+                    continue
+        return out
+
+    def extensions(self, study: Study) -> dict[tuple[Cell, str], float]:
+        """(cell, arm) -> the LR one step beyond its edge, for each arm whose best LR is at an
+        edge of what it has run."""
+        out = {}
+        for key, (lr, edge, curve) in self.tuning(study).items():
+            if edge:
+                out[key] = lr / study.lr_step if lr == min(curve) else lr * study.lr_step
+        return out
+
+    def choices(self, study: Study) -> dict[tuple[Cell, str], float]:
+        """(cell, arm) -> the LR its tuning chose."""
+        return {key: lr for key, (lr, _, _) in self.tuning(study).items()}

@@ -1,0 +1,153 @@
+"""Paired comparisons over evidence arms: the numbers are scipy's paired t-test, Holm runs over
+the comparisons that can be read, and a comparison that cannot be read (a missing arm, fewer
+than three paired seeds, a censored LR choice) says inconclusive and why."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from attnscale.audit import compare as C
+
+DELTA = 0.02
+
+
+def arm(values, censored=False):
+    """An evidence arm (:meth:`ArmValues.to_dict` shape) from a list or a seed -> value dict."""
+    if not isinstance(values, dict):
+        values = dict(enumerate(values))
+    return {"values": {str(s): float(v) for s, v in values.items()},
+            "lrs": {str(s): 0.01 for s in values}, "censored": censored, "curve": {}}
+
+
+def pair(rng_seed, effect, noise=0.005, n=5, spread=0.3):
+    """Two arms sharing a per-seed level (std ``spread``): b, and a = b + ``effect`` + noise."""
+    rng = np.random.default_rng(rng_seed)
+    level = 2.0 + rng.normal(0.0, spread, n)
+    b = level + noise * rng.standard_normal(n)
+    a = level + effect + noise * rng.standard_normal(n)
+    return a, b
+
+
+def one_sided(a, b, reading, delta=DELTA):
+    """scipy's p-value of one reading of a − b against ±delta (paired t-test)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if reading == "greater":  # H0: mean(a − b) ≤ δ
+        return stats.ttest_rel(a, b + delta, alternative="greater").pvalue
+    if reading == "less":  # H0: mean(a − b) ≥ −δ
+        return stats.ttest_rel(a, b - delta, alternative="less").pvalue
+    return max(stats.ttest_rel(a, b - delta, alternative="greater").pvalue,
+               stats.ttest_rel(a, b + delta, alternative="less").pvalue)
+
+
+@pytest.mark.parametrize(("effect", "reading"), [(0.1, "greater"), (-0.1, "less"),
+                                                 (0.0, "equal")])
+@pytest.mark.parametrize("rng_seed", [0, 1, 2])
+def test_one_comparison_is_scipys_paired_t_test(effect, reading, rng_seed):
+    a, b = pair(rng_seed, effect)
+    c = C.family({"x": (arm(a), arm(b))}, DELTA)["x"]
+    ttest = stats.ttest_rel(a, b)
+    ci = ttest.confidence_interval(0.95)
+    assert c["reading"] == reading
+    assert c["n"] == 5 and c["smallest"] == DELTA
+    assert c["mean"] == pytest.approx(float(np.mean(a - b)), abs=1e-12)
+    assert (c["lo"], c["hi"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
+    assert c["p"] == pytest.approx(ttest.pvalue, rel=1e-9)
+    # a family of one: Holm changes nothing, p_holm is the reading's one-sided p
+    assert c["p_holm"] == pytest.approx(one_sided(a, b, reading), rel=1e-9)
+    assert c["p_holm"] <= 0.025
+
+
+def holm(ps):
+    """Holm 1979, written out: sort, multiply the k-th smallest by (m − k + 1), running max."""
+    order = sorted(range(len(ps)), key=ps.__getitem__)
+    out, running = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
+def test_holm_runs_over_the_family():
+    draws = {"big": pair(3, 0.2), "edge": pair(4, 0.045, noise=0.01), "none": pair(5, 0.0)}
+    fam = C.family({k: (arm(a), arm(b)) for k, (a, b) in draws.items()}, DELTA)
+    best = {k: min(("greater", "less", "equal"), key=lambda r, a=a, b=b: one_sided(a, b, r))
+            for k, (a, b) in draws.items()}
+    ps = [one_sided(*draws[k], best[k]) for k in draws]
+    for k, expected in zip(draws, holm(ps), strict=True):
+        assert fam[k]["p_holm"] == pytest.approx(expected, rel=1e-9)
+        assert fam[k]["reading"] == (best[k] if expected <= 0.025 else "inconclusive")
+    assert fam["big"]["reading"] == "greater"
+
+
+def test_holm_can_undo_a_reading_that_stands_alone():
+    a, b = pair(6, 0.045, noise=0.01)  # one-sided p ≈ 0.018: under 0.025, over 0.025 / 3
+    alone = C.family({"x": (arm(a), arm(b))}, DELTA)["x"]
+    assert alone["reading"] == "greater"
+    fam = C.family({k: (arm(a), arm(b)) for k in ("x", "y", "z")}, DELTA)
+    assert fam["x"]["p_holm"] == pytest.approx(3 * alone["p_holm"], rel=1e-9)
+    assert C.readings(fam) == ["inconclusive"] * 3
+
+
+def test_pairing_removes_the_shared_per_seed_level():
+    a, b = pair(6, 0.1, noise=0.01, spread=0.5)
+    c = C.family({"x": (arm(a), arm(b))}, DELTA)["x"]
+    assert c["reading"] == "greater" and c["lo"] > DELTA
+    unpaired = stats.ttest_ind(a, b).confidence_interval(0.95)
+    assert unpaired.low < 0 < unpaired.high  # an unpaired reading could not tell
+
+
+def test_only_the_seeds_both_arms_have_are_paired():
+    a = {s: 1.0 + 0.1 * s + 0.3 for s in range(0, 6)}
+    b = {s: 1.0 + 0.1 * s + 0.01 * (s % 2) for s in range(2, 8)}
+    c = C.family({"x": (arm(a), arm(b))}, DELTA)["x"]
+    shared = [2, 3, 4, 5]
+    ci = stats.ttest_rel([a[s] for s in shared], [b[s] for s in shared]).confidence_interval()
+    assert c["n"] == 4 and C.paired_seeds(arm(a), arm(b)) == 4
+    assert (c["lo"], c["hi"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
+
+
+@pytest.mark.parametrize("seeds_b", [(), (0,), (0, 1), (3, 4)])
+def test_fewer_than_three_paired_seeds_is_inconclusive(seeds_b):
+    a = arm([1.0, 1.1, 1.2, 1.3, 1.4])
+    b = arm({s: 0.0 for s in seeds_b})  # a − b ≈ +1.2: huge, but too few seeds to say so
+    c = C.family({"x": (a, b), "ok": (a, arm([0.0, 0.1, 0.2, 0.3, 0.41]))}, DELTA)
+    assert c["x"]["reading"] == "inconclusive" and "paired seeds" in c["x"]["why"]
+    assert math.isnan(c["x"]["mean"]) and c["x"]["smallest"] == DELTA
+    assert c["ok"]["reading"] == "greater"  # the family's other comparison is still read
+
+
+def test_a_missing_arm_is_inconclusive():
+    c = C.family({"x": (None, arm([1, 2, 3])), "y": (arm([1, 2, 3]), None)}, DELTA)
+    assert [v["reading"] for v in c.values()] == ["inconclusive"] * 2
+    assert all(v["why"] == "an arm has no runs" for v in c.values())
+
+
+@pytest.mark.parametrize("side", [0, 1])
+def test_a_censored_arm_makes_its_comparison_inconclusive(side):
+    a, b = pair(7, 0.3)
+    arms = [arm(a), arm(b)]
+    assert C.family({"x": tuple(arms)}, DELTA)["x"]["reading"] == "greater"
+    arms[side] = {**arms[side], "censored": True}
+    c = C.family({"x": tuple(arms), "y": (arm(a), arm(b))}, DELTA)
+    assert c["x"]["reading"] == "inconclusive" and "censored" in c["x"]["why"]
+    assert c["x"]["mean"] == pytest.approx(float(np.mean(a - b)))  # the numbers stay shown
+    assert c["y"]["reading"] == "greater"
+
+
+def test_per_comparison_smallest_effects_and_order():
+    a, b = pair(8, 0.1)
+    fam = C.family({"z": (arm(a), arm(b)), "a": (arm(a), arm(b))}, {"z": 0.02, "a": 0.5})
+    assert list(fam) == ["z", "a"]
+    assert fam["z"]["reading"] == "greater" and fam["a"]["reading"] == "equal"
+    assert fam["a"]["smallest"] == 0.5
+    assert C.readings(fam) == ["greater", "equal"]
+
+
+def test_mean_and_values_of_an_arm():
+    assert C.mean(arm([1.0, 2.0, 6.0])) == pytest.approx(3.0)
+    assert math.isnan(C.mean(None)) and math.isnan(C.mean(arm([])))
+    assert C.values(None) == {} and C.values(arm([4.0])) == {"0": 4.0}
