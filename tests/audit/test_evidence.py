@@ -92,3 +92,15 @@ def test_measurements_are_cached_in_the_store(tmp_path):
     assert len(calls) == 2
     key = M.measurement_key
     assert key("demo", {"b": 1, "a": 2}) == key("demo", {"a": 2, "b": 1}) != key("qk", {})
+
+
+def test_study_runs_keep_only_the_studys_own_settings(store):
+    """Two presets in one database share study names and seeds; a study reads only the runs
+    made with its own base settings."""
+    from attnscale.audit.running import study_runs
+    from attnscale.audit.studies import Study
+    mine = Study("lr_text", ("C11",), {"task": "text"}, ("scaled_dot", "dot"), (1e-2,), (0, 1))
+    other = Study("lr_text", ("C11",), {"task": "text", "steps": 7}, ("scaled_dot",), (1e-2,),
+                  (0, 1))
+    assert len(study_runs(store, mine)) == len(study_runs(store, "lr_text")) == 8
+    assert study_runs(store, other) == []

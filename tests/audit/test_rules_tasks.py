@@ -256,3 +256,11 @@ def test_q3_one_decided_length_is_not_depends():
     v = R.judge_q3(ev)
     assert [c["reading"] for c in v.numbers.values()] == ["equal", "inconclusive"]
     assert v.verdict == "inconclusive"
+
+
+def test_c3_a_missing_control_is_inconclusive():
+    """A control that is listed but has no runs proves nothing: no verdict."""
+    ev = c3(Draw(5), dict.fromkeys(C3_ARMS, CHANCE))
+    ev["controls"] = ["uniform", "cue_none"]  # cue_none has no arm in the evidence
+    v = R.judge_c3(ev)
+    assert v.verdict == "inconclusive" and "cue_none" in v.because

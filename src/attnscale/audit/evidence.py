@@ -92,10 +92,20 @@ def unstable(run: Run, best: float) -> bool:
             or loss is None or not math.isfinite(loss) or loss > best + LOSS_MARGIN)
 
 
+def final_logit(run: Run) -> float:
+    """The run's max |logit| at its last logged step; +inf for a run that diverged or logged
+    none (it blew up, so it is past any limit)."""
+    curve = analysis.max_logit_curve(run)
+    if run.get("status") == "diverged" or not curve or not math.isfinite(curve[-1][1]):
+        return math.inf
+    return float(curve[-1][1])
+
+
 def lr_sweep_arm(runs: list[Run], best: float) -> dict[str, Any]:
     """One arm at one width over the LR grid: per seed, LR sensitivity (mean over the grid of
     c(η) − min c) and the fraction of LRs that were unstable; per LR, the mean clipped loss,
-    the mean final and peak max |logit| and the unstable fraction; max |logit| against step."""
+    every seed's final max |logit| (inf when diverged), the mean peak max |logit| and the
+    unstable fraction; max |logit| against step."""
     curves = seed_curves(runs)
     sens = {str(s): sum(c.values()) / len(c) - min(c.values()) for s, c in curves.items()}
     by_seed: dict[str, list[bool]] = {}
@@ -103,15 +113,15 @@ def lr_sweep_arm(runs: list[Run], best: float) -> dict[str, Any]:
     for r in runs:
         by_seed.setdefault(str(r["config"]["seed"]), []).append(unstable(r, best))
         by_lr.setdefault(float(r["config"]["lr"]), []).append(r)
-    def peak(rs: list[Run], last: bool) -> float | None:
-        xs = [c[-1][1] if last else max(v for _, v in c)
-              for c in map(analysis.max_logit_curve, rs) if c]
+    def peak(rs: list[Run]) -> float | None:
+        xs = [max(v for _, v in c) for c in map(analysis.max_logit_curve, rs) if c]
         return float(np.mean(xs)) if xs else None
     return {"sensitivity": sens,
             "unstable": {s: sum(u) / len(u) for s, u in by_seed.items()},
             "loss_by_lr": {str(k): v for k, v in analysis.loss_by_lr(runs).items()},
-            "final_logit_by_lr": {str(k): peak(v, True) for k, v in sorted(by_lr.items())},
-            "peak_logit_by_lr": {str(k): peak(v, False) for k, v in sorted(by_lr.items())},
+            "final_logit_by_lr": {str(k): {str(r["config"]["seed"]): final_logit(r) for r in v}
+                                  for k, v in sorted(by_lr.items())},
+            "peak_logit_by_lr": {str(k): peak(v) for k, v in sorted(by_lr.items())},
             "unstable_by_lr": {str(k): float(np.mean([unstable(r, best) for r in v]))
                                for k, v in sorted(by_lr.items())},
             "logit_curves": {str(k): analysis.max_logit_curve(v[0]) for k, v in
@@ -123,10 +133,11 @@ def lr_text_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
     sweep (:func:`lr_sweep_arm`)."""
     sweep: dict[str, Any] = {}
     for cell in cells(study):
-        mine = [r for r in runs if all(r["config"].get(k) == v for k, v in cell)]
-        if not mine:
+        mine = [r for r in runs if r["config"]["seed"] in study.seeds
+                and all(r["config"].get(k) == v for k, v in cell)]
+        best = min(clipped(mine).values(), default=None)
+        if best is None:  # nothing measured in this cell
             continue
-        best = min(clipped(mine).values())
         sweep[cell_label(cell)] = {
             arm: lr_sweep_arm([r for r in mine if r.get("variant") == arm], best)
             for arm in study.arms if any(r.get("variant") == arm for r in mine)}
@@ -168,15 +179,13 @@ def length_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
             "lengths": keys, "chance": chance(study)}
 
 
-def init_logit_std(head_dim: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """C12: init regime -> d_k -> scaled_dot's mean step-0 logit std (layer 1) over seeds."""
-    out: dict[str, dict[str, float | None]] = {}
+def init_logit_std(head_dim: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """C12: init regime -> d_k -> seed -> scaled_dot's step-0 logit std (layer 1)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
     for label, row in head_dim["logit_std_init"].items():
         fields = dict(part.split("=") for part in label.split())
         arm = row.get("scaled_dot")
-        xs = list(arm["values"].values()) if arm else []
-        out.setdefault(fields["init"], {})[fields["d_model"]] = (
-            float(np.mean(xs)) if xs else None)
+        out.setdefault(fields["init"], {})[fields["d_model"]] = dict(arm["values"]) if arm else {}
     return out
 
 

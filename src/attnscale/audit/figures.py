@@ -198,8 +198,9 @@ def fig_c12(ev: Evidence, folder: Path) -> str:
     """C12: scaled_dot's final max |logit| against LR per width, with 4·s_c(n)."""
     fig, ax = plt.subplots(figsize=(5, 3))
     for width, by_lr in ev["final_logit"].items():
-        pts = [(float(k), v) for k, v in by_lr.items() if v is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=width)
+        pts = [(float(k), x) for k, seeds in by_lr.items() for x in seeds.values()
+               if math.isfinite(x)]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, label=f"{width}, each seed")
     ax.axhline(4 * math.sqrt(2 * math.log(ev["n"])), color="red", ls="--", label="4·s_c(n)")
     ax.set(xscale="log", yscale="log", xlabel="peak LR", ylabel="final max |logit|",
            title="C12: scaled_dot logits after training")

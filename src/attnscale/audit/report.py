@@ -45,7 +45,7 @@ def run_studies(plan: dict[str, Study], db: Path, executor: str, workers: int,
     for study in plan.values():
         runner.run(study)
     with Store(db) as store:
-        return {name: study_runs(store, name) for name in plan}
+        return {name: study_runs(store, study) for name, study in plan.items()}
 
 
 def explorer_fragment(store: Store) -> str:

@@ -26,7 +26,6 @@ from attnscale.audit.verdicts import (
 from attnscale.lab.paired import EQUAL, GREATER, LESS
 
 GPT2 = "GPT-2 init (weights std 0.02), character-level text"
-UNSTABLE_DELTA = 0.1  # under one LR of a six-point grid (1/6): one more unstable LR is real
 
 
 def sweep_arm(ev: Evidence, width: str, arm: str, key: str) -> dict[str, Any] | None:
@@ -51,10 +50,10 @@ def excess(ev: Evidence, key: str, arm: str = "dot") -> dict[str, Any]:
             "censored": False}
 
 
-C11_RULE = ("LR sweep (six LRs, 1e-3 to 3e-1) at two widths, GPT-2 init. Per width, paired "
+C11_RULE = ("LR sweep at two widths, GPT-2 init. Per width, paired "
             "per-seed differences dot − scaled_dot of LR sensitivity (smallest effect 0.02 "
-            "nats) and of the unstable fraction of the grid (smallest effect 0.1: one LR of six is "
-            "real); and "
+            "nats) and of the unstable fraction of the grid (smallest effect 0.6/|grid|: one "
+            "more unstable LR is real); and "
             "the growth of the sensitivity excess from the smaller to the larger width. "
             "Supported if dot is more sensitive or more unstable at the larger width AND the "
             "sensitivity excess grows with width; refuted if dot is equal (or better) on both "
@@ -62,11 +61,17 @@ C11_RULE = ("LR sweep (six LRs, 1e-3 to 3e-1) at two widths, GPT-2 init. Per wid
             "not grow; inconclusive otherwise")
 
 
+def unstable_delta(ev: Evidence) -> float:
+    """The smallest real difference of unstable fractions: 0.6/|grid|, under one LR (0.1 for
+    the standard six-point grid)."""
+    return 0.6 / max(1, len(ev.get("lrs") or range(6)))
+
+
 def c11_family(ev: Evidence) -> dict[str, Any]:
     """Sensitivity and instability comparisons per width, and the growth of the excess."""
     pairs, deltas = {}, {}
     for w in ev["sweep"]:
-        for key, delta in (("sensitivity", LOSS_DELTA), ("unstable", UNSTABLE_DELTA)):
+        for key, delta in (("sensitivity", LOSS_DELTA), ("unstable", unstable_delta(ev))):
             pairs[f"{w} {key}"] = (sweep_arm(ev, w, "dot", key),
                                    sweep_arm(ev, w, "scaled_dot", key))
             deltas[f"{w} {key}"] = delta
@@ -103,61 +108,67 @@ def judge_c11(ev: Evidence) -> Verdict:
         f" against Wortsman et al.'s 1e4 marker.",
         f"Growth with width: {fmt_effect(comps['growth'], 'nats')}; the answer depends on the LR "
         "range one is willing to tune over."]
-    return Verdict(verdict, C11_RULE, "; ".join(f"{k}: {fmt_effect(c)}" for k, c in
-                                                comps.items()), comps,
+    grid = ", ".join(f"{x:g}" for x in ev.get("lrs", []))
+    return Verdict(verdict, C11_RULE.replace("LR sweep", f"LR sweep ({grid})", 1),
+                   "; ".join(f"{k}: {fmt_effect(c)}" for k, c in comps.items()), comps,
                    headline=f"{verdict}: width {widths[-1]} sensitivity "
                    f"{comps[f'{widths[-1]} sensitivity']['mean']:+.3f} nats",
                    plain=plain, regime=GPT2,
-                   smallest=f"{LOSS_WHY}; instability: 0.1 of the grid, so one more unstable "
-                   "LR of six (1/6) counts")
+                   smallest=f"{LOSS_WHY}; instability: {unstable_delta(ev):.2g} of the grid, "
+                   "so one more unstable LR counts")
 
 
-C12_RULE = ("Step 0: scaled_dot's logit std measured in the model itself (layer 1, mean over "
-            "seeds) in each init regime; O(1) means between 0.25 and 4. After training: "
-            "scaled_dot's final max |logit| at EVERY LR of the sweep, against 4·s_c(n) (s_c = "
-            "√(2 ln n), where softmax saturates). Supported if the unit-variance regime's init "
-            "std is O(1) at every d_k and trained logits stay below 4·s_c at every LR; depends "
-            "if init is O(1) but trained logits pass 4·s_c at some LRs; refuted if the "
-            "unit-variance init std is not O(1); inconclusive without data")
+C12_RULE = ("Step 0: scaled_dot's logit std measured in the model itself (layer 1), every seed, "
+            "in each init regime; O(1) means between 0.25 and 4. After training: scaled_dot's "
+            "final max |logit| for every seed at EVERY LR of the sweep, against 4·s_c(n) (s_c = "
+            "√(2 ln n), where softmax saturates); a diverged run counts as past it. An LR is "
+            "'past' if any seed passes 4·s_c, 'below' if every seed stays under it. Supported "
+            "if every unit-variance seed is O(1) at init and every LR is below; depends if init "
+            "is O(1) but some LR is past; refuted if some unit-variance seed is not O(1) at "
+            "init; inconclusive without data. Every seed is checked, so no mean can hide one")
 
 
 def judge_c12(ev: Evidence) -> Verdict:
     """C12: scaled_dot's logit size at init (both regimes) and after training at every LR."""
-    init = ev["init_std"]  # regime -> d_k -> mean logit std
-    unit = [v for v in init.get("unit", {}).values() if v is not None]
+    init = ev["init_std"]  # regime -> d_k -> {seed: logit std}
+    unit = [v for by_seed in init.get("unit", {}).values() for v in by_seed.values()]
     limit = 4 * math.sqrt(2 * math.log(ev["n"]))
-    trained: dict[str, float] = {}  # LR -> largest final max |logit| over the widths
+    trained: dict[float, list[float]] = {}  # LR -> every seed's final max |logit|, all widths
     for by_lr in ev["final_logit"].values():
-        for lr, v in by_lr.items():
-            if v is not None:
-                trained[lr] = max(v, trained.get(lr, v))
-    past = sorted({float(lr) for lr, v in trained.items() if v > limit})
+        for lr, by_seed in by_lr.items():
+            trained.setdefault(float(lr), []).extend(by_seed.values())
+    past = sorted(lr for lr, xs in trained.items() if any(x > limit for x in xs))
+    init_ok = bool(unit) and all(0.25 <= v <= 4 for v in unit)
     if not unit or not trained:
         verdict = INCONCLUSIVE
-    elif not all(0.25 <= v <= 4 for v in unit):
+    elif not init_ok:
         verdict = REFUTED
     else:
         verdict = DEPENDS if past else SUPPORTED
-    fmt = "; ".join(f"{reg}: " + ", ".join(f"d_k={d} {v:.3g}" for d, v in by.items()
-                                           if v is not None) for reg, by in init.items())
-    top = max(trained.values(), default=math.nan)
-    unit_range = f"{min(unit, default=math.nan):.2f}–{max(unit, default=math.nan):.2f}"
-    o1 = "O(1), as the thread says" if unit and all(0.25 <= v <= 4 for v in unit) else \
-        "not O(1)"
-    plain = [f"At init, with unit-variance q and k, q·k/√d_k has std {unit_range} across d_k: "
-             f"{o1}."]
-    small = [v for v in init.get("gpt2", {}).values() if v is not None]
+    def span(xs: list[float]) -> str:
+        return f"{min(xs):.3g}–{max(xs):.3g}" if xs else "n/a"
+    plain = [f"At init, with unit-variance q and k, q·k/√d_k has std {span(unit)} over every "
+             f"d_k and seed: {'O(1), as the thread says' if init_ok else 'not O(1)'}."]
+    small = [v for by_seed in init.get("gpt2", {}).values() for v in by_seed.values()]
     if small:
-        plain.append(f"With GPT-2 init the model's own logits start at std "
-                     f"{min(small):.3g}–{max(small):.3g}: the init, not the division, sets "
-                     f"their size there.")
-    plain.append(f"Training moves them: scaled_dot's largest final logit is {top:.3g} (limit "
-                 f"{limit:.1f}), past it at LR {', '.join(f'{x:g}' for x in past) or 'none'}.")
-    return Verdict(verdict, C12_RULE, f"init logit std {fmt}; trained max |logit| by LR "
-                   f"{ {k: round(v, 2) for k, v in trained.items()} } (limit {limit:.1f})",
-                   {"past": past, "limit": limit}, headline=f"{verdict}: "
-                   f"{'trained logits pass 4·s_c at LR ' + str(past) if past else 'O(1)'}",
-                   plain=plain, regime="both init regimes; text LR sweep",
+        size = ("far below 1, set by the init rather than the division" if max(small) < 0.25
+                else "of order one")
+        plain.append(f"With GPT-2 init the model's own logits start at std {span(small)}: "
+                     f"{size}.")
+    worst = max((max(xs) for xs in trained.values()), default=math.nan)
+    below = sorted(set(trained) - set(past))
+    plain.append(f"After training, the largest final logit is {worst:.3g} against 4·s_c = "
+                 f"{limit:.1f}: below it at LR {', '.join(f'{x:g}' for x in below) or 'none'}, "
+                 f"past it at LR {', '.join(f'{x:g}' for x in past) or 'none'}.")
+    words = {SUPPORTED: "O(1) at init and after training", REFUTED: "not O(1) at init",
+             INCONCLUSIVE: "no data", DEPENDS: f"O(1) at init; past 4·s_c after training at "
+             f"LR ≥ {min(past) if past else 0:g}"}
+    return Verdict(verdict, C12_RULE, f"init logit std per seed: unit {span(unit)}, gpt2 "
+                   f"{span(small)}; trained max |logit| by LR (largest seed) "
+                   f"{ {f'{k:g}': round(max(v), 2) for k, v in sorted(trained.items())} } "
+                   f"(limit {limit:.1f})", {"past": past, "limit": limit},
+                   headline=f"{verdict}: {words[verdict]}", plain=plain,
+                   regime="both init regimes; text LR sweep",
                    smallest="O(1) = within a factor 4 of 1; saturation from 4·s_c(n)")
 
 
@@ -165,9 +176,9 @@ Q1_RULE = ("The modern scores (qk_layernorm, softcap, learned-τ cosine) against
            "each width of the LR sweep: paired per-seed differences of clipped loss (LR chosen "
            "leave-one-seed-out) and of LR sensitivity, Holm-corrected. A score 'matches with "
            "lower sensitivity' if its loss reads equal or less AND its sensitivity reads less. "
-           "Supported (Wortsman et al. 2023) if some score does at every width; refuted if at "
-           "every width every score is decided and none does; depends if it holds at some "
-           "widths only; inconclusive otherwise")
+           "Supported (Wortsman et al. 2023) if at every width some modern score does (not "
+           "necessarily the same one); refuted if at every width every score is decided and "
+           "none does; depends if it holds at some widths only; inconclusive otherwise")
 MODERN = ("qk_layernorm", "softcap", "cosine_learned", "qk_rmsnorm")
 
 

@@ -40,12 +40,21 @@ def cell(init: str, d: Any) -> str:
     return f"init={init} d_model={d}"
 
 
+def gap_pairs(ev: Evidence, init: str, arm: str = "dot") -> dict[str, Any]:
+    """d_k -> (``arm``, scaled_dot) per-seed clipped losses in one init regime."""
+    loss = ev["loss"]
+    return {str(d): (loss.get(cell(init, d), {}).get(arm),
+                     loss.get(cell(init, d), {}).get("scaled_dot")) for d in ev["head_dims"]}
+
+
 def gaps(ev: Evidence, init: str, arm: str = "dot") -> dict[str, Any]:
     """``arm`` − scaled_dot clipped loss at each d_k of one init regime (Holm within)."""
-    loss = ev["loss"]
-    return family({str(d): (loss.get(cell(init, d), {}).get(arm),
-                            loss.get(cell(init, d), {}).get("scaled_dot"))
-                   for d in ev["head_dims"]}, LOSS_DELTA)
+    return family(gap_pairs(ev, init, arm), LOSS_DELTA)
+
+
+def split(comps: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The comparisons named ``prefix`` + key, keyed by what follows the prefix."""
+    return {k[len(prefix):]: c for k, c in comps.items() if k.startswith(prefix)}
 
 
 def entropy_text(ev: Evidence, init: str, d: Any) -> str:
@@ -74,7 +83,10 @@ C7_RULE = ("Head-dimension study, one head, d_model = d_k, in the unit-variance 
 
 def judge_c7(ev: Evidence) -> Verdict:
     """C7: whether a plain LR grid, or a q/k rescaling, absorbs the constant 1/√d_k."""
-    dot, absorbed = gaps(ev, UNIT), gaps(ev, UNIT, "dot_absorbed")
+    pairs = {**{f"dot {d}": p for d, p in gap_pairs(ev, UNIT).items()},
+             **{f"absorbed {d}": p for d, p in gap_pairs(ev, UNIT, "dot_absorbed").items()}}
+    comps = family(pairs, LOSS_DELTA)  # one Holm family for the claim's 2·|d_k| comparisons
+    dot, absorbed = split(comps, "dot "), split(comps, "absorbed ")
     worse = [d for d, c in dot.items() if c["reading"] == GREATER]
     fine = [c["reading"] in (EQUAL, LESS) for c in dot.values()]
     if fine and all(fine):
@@ -86,14 +98,21 @@ def judge_c7(ev: Evidence) -> Verdict:
     else:
         verdict = INCONCLUSIVE
     big = str(ev["head_dims"][-1])
-    plain = [
-        f"Right: 1/√d_k is a constant, and rescaling q and k absorbs it — dot with q, k init "
-        f"and LR × d_k^(−1/4) differs from scaled_dot by {absorbed[big]['mean']:+.3f} nats at "
-        f"d_k={big} ({absorbed[big]['reading']}).",
-        f"Wrong: the learning rate alone does not absorb it — plain dot at its own best LR is "
-        f"{dot[big]['mean']:+.3f} nats from scaled_dot at d_k={big} ({dot[big]['reading']}).",
-        "It depends on the init: with unit-variance q and k the unscaled logits start at std "
-        "√d_k; with small (GPT-2) init they start near 0 and the constant matters less."]
+    d_, a_ = dot[big], absorbed[big]
+    at = f"at d_k={big}: plain dot {d_['mean']:+.3f} nats ({d_['reading']}), dot with q, k init " \
+         f"and LR × d_k^(−1/4) {a_['mean']:+.3f} ({a_['reading']}) against scaled_dot"
+    first = {
+        SUPPORTED: f"Right: at its own tuned LR plain dot matches scaled_dot at every d_k ({at}).",
+        DEPENDS: f"Partly right: the constant can be absorbed, but by rescaling q and k, not by "
+                 f"the LR alone ({at}); plain dot is worse at d_k = {', '.join(worse)}.",
+        REFUTED: f"Wrong: unscaled attention stays worse even with q and k rescaled ({at}).",
+        INCONCLUSIVE: f"Undecided: the intervals are too wide to call ({at}).",
+    }[verdict]
+    context = [f"With {init} init plain dot is {c[big]['mean']:+.3f} nats from scaled_dot at "
+               f"d_k={big} ({c[big]['reading']})." for init, c in
+               ((i, gaps(ev, i)) for i in ev["inits"] if i != UNIT)]
+    plain = [first, *context, "The absorbed arm is exact under Adam only without gradient "
+             "clipping and with ε → 0; the report trains with clipping at 1."]
     return Verdict(verdict, C7_RULE, f"dot − scaled: {gap_text(dot)}; dot_absorbed − scaled: "
                    f"{gap_text(absorbed)}", {"dot": dot, "absorbed": absorbed},
                    headline=f"{verdict}: at d_k={big} dot {dot[big]['mean']:+.3f} nats, "
@@ -101,9 +120,9 @@ def judge_c7(ev: Evidence) -> Verdict:
                    regime=REGIMES[UNIT], smallest=LOSS_WHY)
 
 
-def slope_family(ev: Evidence, init: str) -> dict[str, Any]:
-    """Per seed, the least-squares slope of the dot − scaled gap against log2 d_k; the slope's
-    paired comparison against 0 (smallest effect :data:`SLOPE_DELTA` nats per doubling)."""
+def slope_pair(ev: Evidence, init: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Per seed, the least-squares slope of the dot − scaled gap against log2 d_k, paired with
+    0 (censored if any cell's arm is)."""
     loss, dks = ev["loss"], ev["head_dims"]
     per_seed: dict[str, float] = {}
     for s in map(str, ev["seeds"]):
@@ -115,9 +134,11 @@ def slope_family(ev: Evidence, init: str) -> dict[str, Any]:
                 pts.append((math.log2(d), a["values"][s] - b["values"][s]))
         if len(pts) == len(dks) and len(dks) > 1:
             per_seed[s] = float(np.polyfit(*zip(*pts, strict=True), 1)[0])
-    arm = {"values": per_seed, "censored": False}
-    zero = {"values": dict.fromkeys(per_seed, 0.0), "censored": False}
-    return family({"slope": (arm, zero)}, SLOPE_DELTA)["slope"]
+    censored = any(arm.get("censored") for d in dks for arm in (
+        loss.get(cell(init, d), {}).get("dot"), loss.get(cell(init, d), {}).get("scaled_dot"))
+        if arm)
+    return ({"values": per_seed, "censored": censored},
+            {"values": dict.fromkeys(per_seed, 0.0), "censored": False})
 
 
 C13_RULE = ("Same study, unit-variance regime. Supported if dot − scaled_dot clipped loss at the "
@@ -131,7 +152,10 @@ C13_RULE = ("Same study, unit-variance regime. Supported if dot − scaled_dot c
 def judge_c13(ev: Evidence) -> Verdict:
     """C13: unscaled attention's gap to scaled at the largest d_k, and its growth with d_k."""
     big = str(ev["head_dims"][-1])
-    dot, slope = gaps(ev, UNIT), slope_family(ev, UNIT)
+    pairs = {**{f"gap {d}": p for d, p in gap_pairs(ev, UNIT).items()},
+             "slope": slope_pair(ev, UNIT)}
+    comps = family(pairs, {k: SLOPE_DELTA if k == "slope" else LOSS_DELTA for k in pairs})
+    dot, slope = split(comps, "gap "), comps["slope"]
     last = dot[big]["reading"]
     if last == GREATER and slope["reading"] == GREATER:
         verdict = SUPPORTED
@@ -143,20 +167,29 @@ def judge_c13(ev: Evidence) -> Verdict:
         verdict = INCONCLUSIVE
     other = {init: gaps(ev, init) for init in ev["inits"] if init != UNIT}
     ctx = "; ".join(f"{init}: {gap_text(c)}" for init, c in other.items())
+    how = {EQUAL: "the small init keeps unscaled logits small there",
+           LESS: "unscaled is better there", GREATER: "the gap shows there too",
+           INCONCLUSIVE: "undecided there"}
+    last_line = {
+        SUPPORTED: "So the paper's suspicion holds in its own regime: without 1/√d_k the loss "
+                   "gap grows with d_k.",
+        REFUTED: "So in its own regime the paper's suspicion does not show at this budget.",
+        DEPENDS: "The gap is there, but it does not grow with d_k at this budget.",
+        INCONCLUSIVE: "The intervals are too wide to decide at this many seeds.",
+    }[verdict]
     plain = [
         f"In Vaswani's regime the unscaled gap at d_k={big} is {dot[big]['mean']:+.3f} nats "
-        f"({last}) and grows by {slope['mean']:+.3f} nats per doubling of d_k "
+        f"({last}) and changes by {slope['mean']:+.3f} nats per doubling of d_k "
         f"({slope['reading']}).",
         *(f"With {init} init the gap at d_k={big} is {c[big]['mean']:+.3f} nats "
-          f"({c[big]['reading']}): there the logits start small whatever the scale."
-          for init, c in other.items()),
-        "So the paper's suspicion is about the init regime; dividing by √d_k fixes it there."]
+          f"({c[big]['reading']}): {how[c[big]['reading']]}." for init, c in other.items()),
+        last_line]
     slope_text = fmt_effect(slope, "nats/doubling")
     entropy = "; ".join(entropy_text(ev, init, big) for init in ev["inits"])
     return Verdict(verdict, C13_RULE, f"unit: {gap_text(dot)}; slope {slope_text}; {entropy}; "
                    f"context {ctx}", {"gaps": dot, "slope": slope, "context": other},
                    headline=f"{verdict}: gap {dot[big]['mean']:+.3f} nats at d_k={big}, "
-                   f"slope {slope['mean']:+.3f}/doubling", plain=plain[:3],
+                   f"slope {slope['mean']:+.3f}/doubling", plain=plain,
                    regime=REGIMES[UNIT], smallest=LOSS_WHY + "; slope: 0.01 nats per doubling")
 
 
@@ -187,7 +220,10 @@ def judge_c6(ev: Evidence) -> Verdict:
     plain = [f"Scaled dot product beats {len(lost)} of {len(comps)} comparisons "
              f"({', '.join(lost) or 'none'}).",
              f"It is matched or beaten in {', '.join(held) or 'none'}.",
-             "Which alternative and which task decide it; each arm had its own tuned LR."]
+             {SUPPORTED: "Scaled dot product wins every comparison, each arm at its own LR.",
+              REFUTED: "No comparison favours scaled dot product, each arm at its own LR.",
+              DEPENDS: "Which alternative and which task decide it; each arm had its own LR.",
+              INCONCLUSIVE: "Most comparisons are undecided at this many seeds."}[verdict]]
     return Verdict(verdict, C6_RULE, "; ".join(f"{k} {fmt_effect(c, 'nats')}"
                                                for k, c in comps.items()), comps,
                    headline=f"{verdict}: scaled better in {len(lost)}/{len(comps)}",

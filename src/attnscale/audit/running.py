@@ -21,11 +21,17 @@ from attnscale.lab.sweep import SweepSpec, is_current, run_sweep
 Progress = Callable[[str, Any], None]
 
 
-def study_runs(store: Store, name: str) -> list[dict[str, Any]]:
-    """The finished runs of study ``name`` that belong to the current code's grid, with their
-    histories (see :func:`attnscale.lab.sweep.is_current`)."""
-    runs = store.runs(where={"sweep": name}, history=True, status=FINISHED)
-    return [r for r in runs if is_current(r)]
+def study_runs(store: Store, study: Study | str) -> list[dict[str, Any]]:
+    """The finished runs of a study that belong to the current code's grid, with their
+    histories (see :func:`attnscale.lab.sweep.is_current`). Given a :class:`Study`, only the
+    runs made with its base settings: a database shared by two presets (say ``--quick`` then
+    the standard report) holds both, under the same study names and seeds."""
+    name = study if isinstance(study, str) else study.name
+    runs = [r for r in store.runs(where={"sweep": name}, history=True, status=FINISHED)
+            if is_current(r)]
+    if isinstance(study, Study):
+        runs = [r for r in runs if all(r["config"].get(k) == v for k, v in study.base.items())]
+    return runs
 
 
 def grid_spec(study: Study, seeds: tuple[int, ...], lrs: tuple[float, ...],
@@ -71,7 +77,7 @@ class StudyRunner:
     def tuning(self, study: Study) -> dict[tuple[Cell, str], tuple[float, bool, dict]]:
         """(cell, arm) -> :func:`attnscale.audit.selection.tuned_choice` on the tuning runs."""
         with Store(self.db) as store:
-            runs = [r for r in study_runs(store, study.name)
+            runs = [r for r in study_runs(store, study)
                     if r["config"]["seed"] in study.tune_seeds]
         out = {}
         for cell in cells(study):

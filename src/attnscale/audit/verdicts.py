@@ -63,11 +63,14 @@ def fmt_ci(x: dict[str, Any] | None) -> str:
 
 
 def fmt_effect(c: dict[str, Any], unit: str = "", digits: int = 3) -> str:
-    """A comparison's mean difference, 95% interval, unit and reading: ``+0.12 [+0.05, +0.19]
-    nats: greater``."""
+    """A comparison's mean difference, its own 95% interval, unit, reading and the reading's
+    Holm-adjusted p-value: ``+0.12 [+0.05, +0.19] nats: greater (Holm p 0.003)``. The reading
+    comes from the adjusted p, so an interval wholly past ±δ can still read inconclusive."""
     u = f" {unit}" if unit else ""
+    holm = f" (Holm p {c['p_holm']:.2g})" if c.get("p_holm") == c.get("p_holm") and \
+        c.get("p_holm") is not None else ""
     return (f"{c['mean']:+.{digits}g} [{c['lo']:+.{digits}g}, {c['hi']:+.{digits}g}]{u}: "
-            f"{c['reading']}")
+            f"{c['reading']}{holm}")
 
 
 def aggregate(readings: list[str], favour: set[str], against: set[str]) -> str:

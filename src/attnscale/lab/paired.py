@@ -91,8 +91,10 @@ def paired_effect(
                          f"seeds, got {len(d)}; use method='t'")
     n, mean = len(d), float(d.mean())
     sd = float(d.std(ddof=1))
-    if no_spread(d):  # every seed moved by the same amount: the interval is that amount
-        return Effect(mean, mean, mean, n, 0.0 if mean else 1.0, confidence, method)
+    if no_spread(d):  # every seed moved by the same amount: the interval is that amount,
+        # and the two-sided p-value is the exact sign test's
+        return Effect(mean, mean, mean, n, min(1.0, 2 * 0.5**n) if mean else 1.0,
+                      confidence, method)
     p = float(stats.ttest_1samp(d, 0.0).pvalue)
     if method == "t":
         half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
@@ -123,13 +125,18 @@ def reading_pvalues(a: Mapping[Any, float], b: Mapping[Any, float],
     """One-sided paired t-test p-values for each reading of d = a − b against δ = ``smallest``:
     ``greater`` (H0: mean d ≤ δ), ``less`` (H0: mean d ≥ −δ) and ``equal`` (two one-sided
     tests, H0: |mean d| ≥ δ; the larger of the two p-values). At level α/2 each reading is
-    exactly the interval reading of :func:`classify` for a (1 − α) t-interval."""
+    exactly the interval reading of :func:`classify` for a (1 − α) t-interval.
+
+    With no spread (every seed moved by the same amount, as a measure that moves in steps
+    can) the t-test is undefined; the exact sign test takes over: a reading that every one of
+    the n seeds shows has p = 2⁻ⁿ (so 5 seeds alone do not pass α/2 = 0.025; 6 do)."""
     check_float("smallest", smallest, low=0.0)
     d = paired_differences(a, b)
-    if no_spread(d):  # each reading holds or fails outright
-        m = float(d.mean())
-        return {GREATER: float(m <= smallest), LESS: float(m >= -smallest),
-                EQUAL: float(abs(m) >= smallest)}
+    if no_spread(d):
+        m, sign_p = float(d.mean()), 0.5 ** len(d)
+        return {GREATER: sign_p if m > smallest else 1.0,
+                LESS: sign_p if m < -smallest else 1.0,
+                EQUAL: sign_p if abs(m) < smallest else 1.0}
     def one_sided(popmean: float, alternative: str) -> float:
         return float(stats.ttest_1samp(d, popmean, alternative=alternative).pvalue)
     return {GREATER: one_sided(smallest, "greater"), LESS: one_sided(-smallest, "less"),
