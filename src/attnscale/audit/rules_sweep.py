@@ -63,7 +63,7 @@ C11_RULE = ("LR sweep at two widths, GPT-2 init. Per width, paired "
 
 def unstable_delta(ev: Evidence) -> float:
     """The smallest real difference of unstable fractions: 0.6/|grid|, under one LR (0.1 for
-    the standard six-point grid)."""
+    a six-point grid)."""
     return 0.6 / max(1, len(ev.get("lrs") or range(6)))
 
 

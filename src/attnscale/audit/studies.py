@@ -123,7 +123,7 @@ PRESETS: dict[str, Preset] = {
                     task_steps={"tau": 100, "salience": 100, "length": 100}),
     "standard": Preset("standard", seeds=(0, 1, 2, 3, 4), tune_seeds=(50, 51), steps=150,
                        head_dims=(16, 64, 128, 256), widths=(32, 128),
-                       lrs=(1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
+                       lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
                        tuned_lrs=(1e-3, 3e-3, 1e-2, 3e-2), text_arms=TEXT_ARMS,
                        bench={"n_values": (256, 1024, 4096), "min_repeats": 30, "target": 0.02,
                               "budget_s": 30.0, "threads": 1},

@@ -69,8 +69,9 @@ def fmt_effect(c: dict[str, Any], unit: str = "", digits: int = 3) -> str:
     u = f" {unit}" if unit else ""
     holm = f" (Holm p {c['p_holm']:.2g})" if c.get("p_holm") == c.get("p_holm") and \
         c.get("p_holm") is not None else ""
+    why = f" — {c['why']}" if c.get("why") else ""
     return (f"{c['mean']:+.{digits}g} [{c['lo']:+.{digits}g}, {c['hi']:+.{digits}g}]{u}: "
-            f"{c['reading']}{holm}")
+            f"{c['reading']}{holm}{why}")
 
 
 def aggregate(readings: list[str], favour: set[str], against: set[str]) -> str:
