@@ -93,7 +93,8 @@ def build_report(
         e["figures"] = drawn.get(e["id"], [])
     report = jsonable({
         "schema_version": SCHEMA_VERSION, "preset": p.name, "seed_offset": seed_offset,
-        "seeds": list(p.seeds), "tune_seeds": list(p.tune_seeds), "claims": claims,
+        "seeds": list(p.seeds), "task_seeds": list(p.task_seeds),
+        "tune_seeds": list(p.tune_seeds), "claims": claims,
         "questions": questions, "versions": versions(), "git_rev": git_revision(),
         "n_runs": n_runs, "bench": measured["bench"],
         "elapsed_s": time.perf_counter() - started,
