@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from attnscale.audit.rules_training import gaps
+from attnscale.audit.verdicts import LOSS_DELTA
 from attnscale.measure import inspection, theory
 
 Evidence = dict[str, Any]
@@ -112,8 +113,11 @@ def fig_head_dim(ev: Evidence, folder: Path) -> str:
                         yerr=[[x["mean"] - x["lo"] for x in xs], [x["hi"] - x["mean"] for x in xs]],
                         marker="o", ls=ls, capsize=3, label=f"{arm} − scaled, {init} init")
     ax.axhline(0, color="grey", lw=0.8)
+    ax.axhspan(-LOSS_DELTA, LOSS_DELTA, color="#eee", zorder=0, label="±δ (0.02 nats)")
     ax.set(xscale="log", xlabel="d_k (one head)", ylabel="Δ clipped eval loss (nats)",
            title="C7/C13: cost of dropping 1/√d_k")
+    ax.set_xticks(ev["head_dims"], [str(d) for d in ev["head_dims"]])
+    ax.minorticks_off()
     ax.legend(fontsize=7)
     return _save(fig, folder, "c7_c13_head_dim")
 
@@ -180,10 +184,12 @@ def fig_c10(ev: Evidence, folder: Path) -> str:
 
 
 def fig_c11(ev: Evidence, folder: Path) -> str:
-    """C11: max |logit| against step at the larger width, one line per LR, dot and scaled."""
+    """C11: max |logit| against step at the larger width, one line per LR: unscaled, scaled
+    and QK-LayerNorm (Wortsman et al. 2023's attention-logit growth, and its remedy)."""
     width = list(ev["sweep"])[-1]
-    arms = [a for a in ("dot", "scaled_dot") if a in ev["sweep"][width]]
-    fig, axes = plt.subplots(1, len(arms), figsize=(5 * len(arms), 3.2), squeeze=False)
+    arms = [a for a in ("dot", "scaled_dot", "qk_layernorm") if a in ev["sweep"][width]]
+    fig, axes = plt.subplots(1, len(arms), figsize=(4.2 * len(arms), 3.2), squeeze=False,
+                             sharey=True)
     for ax, arm in zip(axes[0], arms, strict=True):
         for lr, curve in ev["sweep"][width][arm]["logit_curves"].items():
             if curve:
