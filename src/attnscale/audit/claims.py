@@ -80,7 +80,7 @@ def judge_c2(ev: Evidence) -> Verdict:
     """C2: the range of cosine logits and the cosine score's exactness."""
     in_range = ev["max_abs_logit_tau1"] <= 1 + 1e-6 and ev["max_abs_logit_tau10"] <= 10 + 1e-5
     ok = in_range and ev["max_err_vs_reference"] < 1e-5
-    plain = [f"Cosine logits stayed within [−τ, τ] (largest |logit| "
+    plain = [f"Cosine logits {'stayed within' if in_range else 'left'} [−τ, τ] (largest |logit| "
              f"{ev['max_abs_logit_tau1']:.3f} at τ=1, {ev['max_abs_logit_tau10']:.2f} at τ=10) "
              f"for q, k norms from 1e-3 to 1e3.",
              "Only with τ = 1 is the range [−1, 1]: practice learns or fixes a larger τ (C4)."]
@@ -114,14 +114,17 @@ def judge_c8(ev: Evidence) -> Verdict:
     worst = max(rows, key=lambda r: abs(r["mean"]) / r["se_mean"])
     z = abs(worst["mean"]) / worst["se_mean"]
     plain = [f"Wrong as worded: E[q·k] is 0 at every d_k (largest |mean| is {z:.1f} standard "
-             f"errors from 0).",
-             f"Right in spirit: the spread grows, std(q·k) ∝ d_k^{slope:.2f}, i.e. like √d_k, so "
-             f"typical logits are of size √d_k, which is what 1/√d_k undoes.",
+             f"errors from 0)." if verdict == REFUTED else
+             f"The mean of q·k is {z:.1f} standard errors from 0 at worst (d_k={worst['d']}), "
+             f"growing with d_k like d_k^{mean_slope:.2f}.",
+             f"What grows is the spread: std(q·k) ∝ d_k^{slope:.2f} (√d_k would be 0.50), the "
+             f"size that 1/√d_k undoes.",
              "It depends on q and k having independent unit-variance components (init=unit)."]
     return Verdict(verdict, C8_RULE,
                    f"std(q·k) ∝ d_k^{slope:.3f}; largest |mean|/SE = {z:.2f} "
                    f"(d_k={worst['d']})", {"std_slope": slope, "mean_slope": mean_slope},
-                   headline=f"{verdict}: mean 0, std ∝ d_k^{slope:.2f}", plain=plain,
+                   headline=f"{verdict}: |mean| ≤ {z:.1f} SE, std ∝ d_k^{slope:.2f}",
+                   plain=plain,
                    regime="independent unit-variance components",
                    smallest="3 standard errors for the mean; ±0.05 on the slope")
 
@@ -149,8 +152,9 @@ def judge_c9(ev: Evidence) -> Verdict:
     else:
         verdict = INCONCLUSIVE
     w_un, w_sc = ev["max_weight_unscaled_64_512"], ev["max_weight_scaled_64_512"]
-    plain = [f"Right: entropy falls with the logit scale s and drops through half of ln n near "
-             f"s_c = √(2 ln n) (monotone: {monotone}, sharp: {sharp}).",
+    plain = [f"{'Right' if verdict == SUPPORTED else 'Checked'}: entropy falls with the logit "
+             f"scale s: {monotone}; it drops through half of ln n near s_c = √(2 ln n): {sharp}; "
+             f"theory and Monte Carlo within {ev['max_abs_z']:.1f} SE.",
              f"At d_k = 64 over 512 keys, unscaled logits (s = 8) put {w_un:.2f} of the weight "
              f"on one key on average, scaled ones {w_sc:.3f}.",
              "The threshold grows only like √(ln n): longer contexts tolerate little more."]
@@ -185,11 +189,14 @@ def judge_q2(ev: Evidence) -> Verdict:
                    headline=f"{verdict}: logit std {s['logit_std']:.2f}, entropy "
                    f"{s['entropy']:.2f} of {s['entropy_uniform']:.2f} nats",
                    plain=[f"MiniLM's trained logits have std {s['logit_std']:.2f} against s_c "
-                          f"{sc:.2f}: below saturation, and attention is far from uniform "
-                          f"(entropy {s['entropy']:.2f} of {s['entropy_uniform']:.2f} nats).",
+                          f"{sc:.2f} ({'below' if checks[0] else 'at or past'} saturation); "
+                          f"attention entropy is {s['entropy']:.2f} of "
+                          f"{s['entropy_uniform']:.2f} nats ({'far from' if checks[1] else 'near'}"
+                          f" uniform).",
                           f"Without 1/√d_k the same queries and keys would give entropy "
-                          f"{s['entropy_unscaled']:.2f} nats (collapse); cosine at τ=1 would "
-                          f"give {s['entropy_cosine_tau1']:.2f} (near uniform).",
+                          f"{s['entropy_unscaled']:.2f} nats "
+                          f"({'collapse' if checks[2] else 'no collapse'}); cosine at τ=1 would "
+                          f"give {s['entropy_cosine_tau1']:.2f}.",
                           "This is one trained model on short sentences; other models differ."],
                    regime="all-MiniLM-L6-v2, real sentences")
 
