@@ -322,3 +322,59 @@ def test_sdpa_path_takes_broadcast_shapes(compile):
         ref = attention_stats(q, k, is_causal=True)
         np.testing.assert_allclose(got.entropy, ref.entropy, rtol=1e-6)
         np.testing.assert_allclose(got.logit_std, ref.logit_std, rtol=1e-6)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_query_mask_that_does_not_fit_raises_naming_both_shapes(compile):
+    """A mask of the wrong shape used to be skipped silently, counting the padding rows."""
+    m = MultiheadSelfAttention(16, 4)
+    with torch.no_grad(), Monitor(m, compile=compile) as mon:
+        mon.query_mask = torch.ones(2, 5, dtype=torch.bool)
+        with pytest.raises(ValueError, match=r"query_mask.*\(2, 7\).*\(2, 5\)"):
+            m(torch.randn(2, 7, 16))
+    model, q = tiny_bert("sdpa"), torch.randn(2, 4, 9, 8)  # the SDPA stand-in, fused or not
+    with torch.no_grad(), Monitor(model, compile=compile) as mon:
+        mon.query_mask = torch.ones(2, 8, dtype=torch.bool)
+        with pytest.raises(ValueError, match=r"query_mask.*\(2, 9\).*\(2, 8\)"):
+            mon.sdpa(model, q, q, q)
+        mon.query_mask = torch.ones(2, 9)  # not bool
+        with pytest.raises(TypeError, match="query_mask"):
+            mon.sdpa(model, q, q, q)
+
+
+def test_a_query_mask_broadcasts_over_the_batch():
+    model, inputs = tiny_bert("eager"), bert_inputs()
+    inputs["attention_mask"][1, 6:] = 1  # no padding: one row mask serves both sequences
+    rows = torch.ones(9, dtype=torch.bool)
+    rows[7:] = False
+    with torch.no_grad(), Monitor(model) as mon:
+        mon.query_mask = rows
+        out = model(**inputs, output_attentions=True)
+    for s, w in zip(mon.stats().values(), out.attentions, strict=True):
+        np.testing.assert_allclose(s.entropy, entropy_from_weights(w.double(), rows.expand(2, 9)),
+                                   rtol=1e-5)
+
+
+def test_flat_stats_are_json_floats_of_the_real_attention_pattern():
+    import json
+
+    from attnscale.measure.stats import STATISTICS
+
+    model, inputs = tiny_bert("eager"), bert_inputs()
+    qmask = inputs["attention_mask"].bool()
+    with torch.no_grad(), Monitor(model, counterfactuals=True) as mon:
+        mon.query_mask = qmask
+        out = model(**inputs, output_attentions=True)
+    flat = mon.flat_stats()
+    layers = [f"encoder.layer.{i}.attention.self" for i in range(2)]
+    assert list(mon.stats()) == layers
+    assert set(flat) == {f"{layer}/{s}" for layer in layers for s in STATISTICS}
+    assert all(type(v) is float for v in flat.values())
+    json.loads(json.dumps(flat, allow_nan=False))
+    for layer, w in zip(layers, out.attentions, strict=True):  # mean over heads and kept rows
+        w = w.double()
+        ent = -(w * w.clamp_min(1e-30).log()).sum(-1)[qmask[:, None, :].expand(-1, 4, -1)]
+        assert flat[f"{layer}/entropy"] == pytest.approx(ent.mean().item(), rel=1e-5)
+        assert flat[f"{layer}/rows"] == qmask.sum().item() * 4
+    dot = mon.flat_stats("dot")
+    assert set(dot) == set(flat) and dot != flat

@@ -123,3 +123,46 @@ def test_bad_shapes_are_refused(kernel):
         kernel(q.double(), k, v, keep, causal, 0.3, rows)
     with pytest.raises(RuntimeError, match="rows_kept"):
         kernel(q, k, v, keep, causal, 0.3, rows[:, :2])
+
+
+def _native_records(caplog):
+    return [r for r in caplog.records if r.name == native.__name__]
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_first_call_logs_one_line_before_building_then_is_silent(
+        cached, monkeypatch, tmp_path, caplog, capsys, recwarn):
+    """One log line, emitted before the build blocks; WARNING (shown without any logging set up)
+    when no cached build exists, INFO when one does; nothing on stdout, no warnings, and later
+    calls log nothing."""
+    import logging
+    import types
+
+    from torch.utils import cpp_extension
+
+    caplog.set_level(logging.INFO, logger=native.__name__)
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    name = "attnscale_attention_with_sums_avx2"
+    if cached:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.so").write_bytes(b"")
+    builds = []
+
+    def load(name, **kwargs):  # stands in for the ~30 s compile
+        builds.append((name, len(_native_records(caplog))))
+        return types.SimpleNamespace(attention_with_sums=lambda *a: a)
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    assert native.fused_kernel() is not None
+    assert builds == [(name, 1)]  # the line came before the build started
+    (record,) = _native_records(caplog)
+    assert record.levelno == (logging.INFO if cached else logging.WARNING)
+    assert name in record.getMessage()
+    assert ("loading" if cached else "building") in record.getMessage()
+    assert native.fused_kernel() is not None and native.unavailable_reason() is None
+    assert len(builds) == 1 and len(_native_records(caplog)) == 1  # later calls: silent
+    assert capsys.readouterr().out == ""
+    assert not [w for w in recwarn if "attnscale" in str(w.message)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 
 import numpy as np
 import pytest
@@ -258,3 +259,57 @@ def test_compiled_accumulator_equals_eager(score, params, native_path, monkeypat
                                    rtol=2e-5, atol=1e-5, err_msg=field)
     np.testing.assert_allclose(results[True].jacobian_norm, results[False].jacobian_norm,
                                atol=1e-3)  # float32 near saturation: see head_sums
+
+
+def test_query_mask_broadcasts_and_a_wrong_shape_names_both_shapes():
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(2, 2, 6, 6, generator=g, dtype=torch.float64)
+    rows = torch.tensor([True, True, False, True, True, False])
+    want = logit_stats(logits, query_mask=rows.expand(2, 6))
+    for mask in (rows, rows[None]):  # (Nq,) and (1, Nq): every sequence alike
+        got = logit_stats(logits, query_mask=mask)
+        np.testing.assert_allclose(got.entropy, want.entropy)
+        np.testing.assert_allclose(got.rows, [8, 8])
+    q, k = torch.randn(2, 2, 6, 4, generator=g), torch.randn(2, 2, 6, 4, generator=g)
+    for bad in (torch.ones(3, 6, dtype=torch.bool), torch.ones(2, 6, 1, dtype=torch.bool)):
+        shape = str(tuple(bad.shape))
+        with pytest.raises(ValueError, match=r"query_mask.*\(2, 6\).*" + re.escape(shape)):
+            logit_stats(logits, query_mask=bad)
+        with pytest.raises(ValueError, match=r"query_mask.*\(2, 6\).*" + re.escape(shape)):
+            attention_stats(q, k, query_mask=bad)
+    with pytest.raises(TypeError, match="query_mask"):
+        attention_stats(q, k, query_mask=torch.ones(2, 6))
+
+
+def test_every_statistic_says_what_it_is_computed_from():
+    """STATISTICS documents each field: pre-softmax attn_scores or the post-softmax pattern."""
+    from dataclasses import fields
+
+    from attnscale.measure.stats import STATISTICS, AttentionStats
+
+    assert list(STATISTICS) == [f.name for f in fields(AttentionStats)]
+    sources = {text.split(":")[0] for text in STATISTICS.values()}
+    assert sources == {"count", "attn_scores", "pattern", "mask only"}
+    assert STATISTICS["entropy"].startswith("pattern")
+    assert STATISTICS["logit_std"].startswith("attn_scores")
+
+
+def test_flat_means_are_plain_json_floats_named_layer_slash_statistic():
+    import json
+
+    from attnscale.measure.stats import STATISTICS, flat_means
+
+    g = torch.Generator().manual_seed(7)
+    keep = torch.rand(1, 3, 4, 5, generator=g) > 0.3
+    keep[..., 0] = True
+    layers = {"blocks.0.attn": logit_stats(torch.randn(1, 3, 4, 5, generator=g), keep),
+              "blocks.1.attn": logit_stats(torch.zeros(1, 3, 4, 5))}
+    flat = flat_means(layers)
+    assert set(flat) == {f"blocks.{i}.attn/{s}" for i in range(2) for s in STATISTICS}
+    assert all(type(v) is float for v in flat.values())
+    json.dumps(flat, allow_nan=False)
+    first = layers["blocks.0.attn"]
+    w = first.rows / first.rows.sum()
+    assert flat["blocks.0.attn/entropy"] == pytest.approx(float((first.entropy * w).sum()))
+    assert flat["blocks.0.attn/max_abs_logit"] == pytest.approx(float(first.max_abs_logit.max()))
+    assert flat["blocks.1.attn/entropy"] == pytest.approx(math.log(5))

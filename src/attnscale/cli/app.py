@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib import metadata
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -27,8 +29,27 @@ app = typer.Typer(
 console = Console(stderr=True, log_path=False)
 
 
+def version() -> str:
+    """The installed package's version (importlib.metadata; "unknown" if not installed)."""
+    try:
+        return metadata.version("attnscale")
+    except metadata.PackageNotFoundError:  # a source tree run without installing it
+        return "unknown (not installed)"
+
+
+def show_version(value: bool) -> None:
+    """``--version``: print ``attnscale VERSION`` on stdout and exit 0 before any command."""
+    if value:
+        sys.stdout.write(f"attnscale {version()}\n")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def root() -> None:
+def root(
+    _version: Annotated[bool, typer.Option(
+        "--version", callback=show_version, is_eager=True, help="Print the version and exit.",
+    )] = False,
+) -> None:
     """attnscale: theory tables, kernel benchmarks, training runs, sweeps, inspection, report."""
 
 

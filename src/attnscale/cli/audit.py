@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from attnscale.cli.app import app, console, shown_from_first_report
+from attnscale.cli.tables import print_table
 from attnscale.lab.executors import EXECUTORS
 from attnscale.util.validate import check_choice, check_output_file, check_output_folder
 
@@ -67,11 +66,8 @@ def report(
 
 def print_verdicts(result: dict[str, Any], preset: str, out: str) -> None:
     """One row per claim and question: its id, verdict and headline."""
-    table = Table(title=f"attnscale report ({preset}) -> {out}/index.html")
-    for col in ("ID", "verdict", "headline"):
-        table.add_column(col)
-    for c in result["claims"] + result["questions"]:
-        color = VERDICT_COLORS[c["verdict"]]
-        table.add_row(c["id"], f"[{color}]{c['verdict']}[/]", escape(c["headline"][:160]))
-    Console().print(table)
+    cells = [(c["id"], f"[{VERDICT_COLORS[c['verdict']]}]{c['verdict']}[/]",
+              escape(c["headline"][:160])) for c in result["claims"] + result["questions"]]
+    print_table(f"attnscale report ({preset}) -> {out}/index.html", ("ID", "verdict", "headline"),
+                cells, left=("ID", "verdict", "headline"))
     console.print(f"elapsed {result['elapsed_s']:.0f} s")

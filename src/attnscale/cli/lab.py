@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import re
 import time
 import types
 import typing
@@ -12,8 +14,7 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich import box
-from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -22,19 +23,24 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
 
 from attnscale.cli.app import app, console, fmt, print_json, shown_from_first_report
+from attnscale.cli.tables import print_table
 from attnscale.lab import store as St
 from attnscale.lab import sweep as S
 from attnscale.lab import train as T
 from attnscale.lab.analysis import group_key
-from attnscale.lab.config import TrainConfig
+from attnscale.lab.build import build_task
+from attnscale.lab.config import TASK_OPTIONS, TrainConfig, model_defaults
 from attnscale.lab.export import write_csv, write_parquet
+from attnscale.lab.tasks import TASKS
 from attnscale.util.validate import check_input_file, check_output_file
 
-# Option names for TrainConfig fields whose flag is not the field name with dashes.
-TRAIN_FLAGS = {"n_heads": "--heads", "n_kv_heads": "--kv-heads", "n_layers": "--layers"}
+# Older spellings still accepted for TrainConfig fields (the first name is the field's).
+TRAIN_ALIASES = {"n_heads": ("--heads",), "n_kv_heads": ("--kv-heads",), "n_layers": ("--layers",)}
+# A trailing "(8)." in a field's description: a task class's own default, which the shown
+# default (what runs actually use, TASK_DEFAULTS included) replaces.
+BARE_NUMBER_NOTE = re.compile(r"\s*\(\s*-?[0-9][0-9.e+-]*\s*\)\.$")
 
 
 def with_train_options(
@@ -51,20 +57,42 @@ def with_train_options(
         for p in inspect.signature(command).parameters.values()
         if p.kind != p.VAR_KEYWORD
     ]
+    resolved = TrainConfig()
+    task = build_task(resolved)
     for name, info in TrainConfig.model_fields.items():
         kind, choices = cli_type(info.annotation)
-        flag = TRAIN_FLAGS.get(name, "--" + name.replace("_", "-"))
-        decls = [f"{flag}/--no-{flag[2:]}"] if kind is bool else [flag]
-        note = f" One of: {', '.join(choices)}." if choices else ""
-        if info.default is not None:
-            note += f" [default: {info.default}]"
-        option = typer.Option(*decls, help=f"{info.description}{note}")
+        flag = "--" + name.replace("_", "-")
+        names = [flag, *TRAIN_ALIASES.get(name, ())]
+        decls = [f"{flag}/--no-{flag[2:]}"] if kind is bool else names
+        default = shown_default(name, resolved, task)
+        help_text = info.description or ""
+        if default:
+            help_text = BARE_NUMBER_NOTE.sub(".", help_text)
+        if choices:
+            help_text += f" One of: {', '.join(choices)}."
+        if default:
+            help_text += f" [default: {default}]"
+        option = typer.Option(*decls, help=escape(help_text))  # help is rich markup: no "[...]"
         annotation = Annotated[kind | None, option]
         kw_only = inspect.Parameter.KEYWORD_ONLY
         params.append(inspect.Parameter(name, kw_only, default=None, annotation=annotation))
     command.__signature__ = inspect.Signature(params)
     command.__annotations__ = {p.name: p.annotation for p in params}
     return command
+
+
+def shown_default(name: str, resolved: TrainConfig, task: object) -> str:
+    """The value a run uses for field ``name`` when the option is not given ("" if it depends
+    on other options), "VALUE for TASK" where the default task sets it."""
+    task_name = resolved.task
+    value = getattr(resolved, name)
+    if name == "seq_len" or name in TASK_OPTIONS or name in model_defaults(task_name):
+        value = getattr(task, name, None) if value is None else value
+        return "" if value is None else f"{value} for {task_name}"
+    info = TrainConfig.model_fields[name]
+    if info.default is None or info.default_factory is not None:
+        return ""
+    return str(value)
 
 
 def cli_type(annotation: object) -> tuple[object, tuple[str, ...]]:
@@ -137,19 +165,24 @@ def train_progress(total: int) -> Iterator[Callable[[int, float], None]]:
         yield report
 
 
+SUMMARY_CONFIG = (("task", "task"), ("score", "score"), ("width", "d_model"),
+                  ("heads", "n_heads"), ("layers", "n_layers"), ("lr", "lr"), ("steps", "steps"),
+                  ("seed", "seed"))
+
+
 def print_train_summary(result: T.RunResult) -> None:
-    """The run's outcome as a rich table on stdout."""
+    """The run's config that matters, then its outcome, metric beside the task's chance level."""
     last = result.history[-1] if result.history else {}
-    table = Table(title=f"train {result.config['task']} / {result.config['score']}")
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
-    rows = [
+    chance = result.task.get("chance_level")
+    beside = "" if chance is None else f" (chance {chance:.4g})"
+    rows = [(label, str(result.config.get(key, "-"))) for label, key in SUMMARY_CONFIG]
+    rows += [
         ("status", result.status),
-        ("steps", str(result.steps)),
+        ("steps done", str(result.steps)),
         ("diverged at", "-" if result.diverged_step is None else str(result.diverged_step)),
         ("initial loss", fmt(result.initial_loss, ".4f")),
         ("final eval loss", fmt(result.final_loss, ".4f")),
-        (f"final {result.metric_name}", fmt(result.final_metric, ".4f")),
+        (f"final {result.metric_name}", fmt(result.final_metric, ".4f") + beside),
     ]
     if len(result.final_metrics) > 1:
         rows += [(f"  {k}", fmt(v["metric"], ".4f")) for k, v in result.final_metrics.items()]
@@ -159,13 +192,15 @@ def print_train_summary(result: T.RunResult) -> None:
         ("elapsed s", f"{result.elapsed_s:.1f}"),
         ("steps/s", f"{result.steps / max(result.elapsed_s, 1e-9):.1f}"),
     ]
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
+    title = f"train {result.config['task']} / {result.config['score']}"
+    print_table(title, ("quantity", "value"), [(escape(k), escape(v)) for k, v in rows],
+                left=("quantity",))
+
 
 @app.command()
 def sweep(
-    config: Annotated[str, typer.Argument(help="Sweep TOML file ([base], [axes], [[variant]]).")],
+    config: Annotated[str, typer.Argument(
+        help=escape("Sweep TOML file ([base], [axes], [[variant]])."))],
     db: Annotated[str, typer.Option("--db", help="SQLite results file (created if missing).")],
     workers: Annotated[int, typer.Option(min=1, help="Runs in parallel (1 thread each).")] = 1,
     executor: Annotated[str, typer.Option(help="local (process pool) or ray.")] = "local",
@@ -241,39 +276,61 @@ def results(
     status: Annotated[
         list[str] | None, typer.Option("--status", help="Only runs with this status.")
     ] = None,
+    sweep_name: Annotated[
+        str | None, typer.Option("--sweep", help="Only runs of the sweep with this name.")
+    ] = None,
 ) -> None:
     """Export a sweep's runs: JSON on stdout, CSV / Parquet to a file, or a table."""
     check_input_file("--db", db)
     csv_file = check_output_file("--csv", csv_path) if csv_path else None
     parquet_file = check_output_file("--parquet", parquet_path) if parquet_path else None
     with St.Store(db) as store:
-        runs = store.runs(status=status or None)
+        where = {"sweep": sweep_name} if sweep_name is not None else None
+        runs = store.runs(status=status or None, where=where)
     if as_json:
         print_json(runs)
     if csv_file:
         console.print(f"wrote {write_csv(runs, csv_file)} runs to {csv_file}", soft_wrap=True)
     if parquet_file:
+        check_parquet_engine()
         n = write_parquet(runs, parquet_file)
         console.print(f"wrote {n} runs to {parquet_file}", soft_wrap=True)
     if not (as_json or csv_path or parquet_path):
         print_runs(runs)
 
 
+PARQUET_EXTRA = "parquet"  # the pyproject.toml optional-dependency group with pyarrow
+
+
+def check_parquet_engine() -> None:
+    """ValueError naming ``--parquet`` and the extra to install when no Parquet writer exists."""
+    if not any(importlib.util.find_spec(name) for name in ("pyarrow", "pandas")):
+        raise ValueError("--parquet needs pyarrow: install pyarrow with "
+                         f"pip install 'attnscale[{PARQUET_EXTRA}]'")
+
+
+def metric_of(run: dict) -> str:
+    """The run's metric name (its task's ``metric_name``, e.g. accuracy or bits per char)."""
+    task = TASKS.get((run["config"] or {}).get("task"))
+    return getattr(task, "metric_name", "metric").replace("_", " ")
+
+
 def print_runs(runs: list[dict]) -> None:
-    """The runs as a rich table on stdout: id, group, lr, seed, status and final numbers."""
-    table = Table(title=f"{len(runs)} runs", box=box.SIMPLE_HEAD)
-    for col in ("id", "score", "lr", "seed", "status", "loss", "metric", "diverged"):
-        left = col in ("id", "score", "status")
-        table.add_column(col, justify="left" if left else "right", no_wrap=True)
+    """The runs on stdout: id, task, group, width, lr, seed, status, loss, one column per metric
+    name among them (accuracy and bits per char never share a column), diverged step."""
+    metrics = list(dict.fromkeys(metric_of(r) for r in runs)) or ["metric"]
+    columns = ("id", "task", "score", "width", "lr", "seed", "status", "loss", *metrics,
+               "diverged")
+    cells = []
     for r in runs:
         cfg = r["config"] or {}
-        table.add_row(
-            r["id"],
-            group_key(r),
-            fmt(cfg.get("lr"), "g"),
-            str(cfg.get("seed", "-")),
-            r["status"],
+        mine = metric_of(r)
+        cells.append((
+            r["id"], str(cfg.get("task", "-")), group_key(r), str(cfg.get("d_model", "-")),
+            fmt(cfg.get("lr"), "g"), str(cfg.get("seed", "-")), r["status"],
             fmt(r["final_loss"], ".4f"),
-            fmt(r["final_metric"], ".4f"),
+            *(fmt(r["final_metric"], ".4f") if m == mine else "-" for m in metrics),
             "-" if r["diverged_step"] is None else str(r["diverged_step"]),
-        )
+        ))
+    print_table(f"{len(runs)} runs", columns, [[escape(c) for c in row] for row in cells],
+                left=("id", "task", "score", "status"))

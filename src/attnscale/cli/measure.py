@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from attnscale.cli.app import app, console, fmt, print_json
+from attnscale.cli.tables import print_table
 from attnscale.measure import bench as B
 from attnscale.measure import inspection as I
 from attnscale.measure import montecarlo
@@ -16,6 +15,8 @@ from attnscale.util.validate import check_input_file, check_output_folder
 
 BENCH_COLUMNS = ("score", "N", "causal", "fwd ms", "fwd+bwd ms", "SDPA ms", "× SDPA", "naive ms",
                  "naive/ours", "GFLOP/s", "% peak", "peak MB")
+INSPECT_COLUMNS = ("layer", "head", "logit std", "max |logit|", "entropy", "ln n", "max w",
+                   "eff. keys", "H without 1/√d", "H cosine τ=1")
 
 
 @app.command()
@@ -49,20 +50,16 @@ def bench(
 
 def print_bench_table(rows: list, facts: dict) -> None:
     """The benchmark rows as a rich table on stdout."""
-    table = Table(
-        title=f"attention vs SDPA, fwd+bwd, float32, matmul peak "
-        f"{facts['matmul_peak_gflops']:.0f} GFLOP/s"
-    )
-    for col in BENCH_COLUMNS:
-        table.add_column(col, justify="left" if col == "score" else "right")
-    for r in rows:
-        table.add_row(
-            r.score, str(r.n), "yes" if r.causal else "no", f"{r.fwd_ms:.1f}",
-            f"{r.fwdbwd_ms:.1f}", f"{r.sdpa_fwdbwd_ms:.1f}", f"{r.ratio_fwdbwd:.2f}",
-            fmt(r.naive_fwdbwd_ms, ".0f"), fmt(r.ratio_naive, ".2f"), f"{r.gflops:.1f}",
-            f"{100 * r.peak_fraction:.0f}", fmt(r.peak_mem_mb, ".0f"),
-        )
-    Console().print(table)
+    title = (f"attention vs SDPA, fwd+bwd, float32, matmul peak "
+             f"{facts['matmul_peak_gflops']:.0f} GFLOP/s")
+    cells = [
+        (r.score, str(r.n), "yes" if r.causal else "no", f"{r.fwd_ms:.1f}",
+         f"{r.fwdbwd_ms:.1f}", f"{r.sdpa_fwdbwd_ms:.1f}", f"{r.ratio_fwdbwd:.2f}",
+         fmt(r.naive_fwdbwd_ms, ".0f"), fmt(r.ratio_naive, ".2f"), f"{r.gflops:.1f}",
+         f"{100 * r.peak_fraction:.0f}", fmt(r.peak_mem_mb, ".0f"))
+        for r in rows
+    ]
+    print_table(title, BENCH_COLUMNS, cells, left=("score",))
 
 
 @app.command()
@@ -92,15 +89,15 @@ def theory(
     if as_json:
         print_json({"rows": rows})
         return
-    table = Table(title="softmax over n keys at init: theory vs Monte Carlo (z = diff / SE)")
-    for col in ("score", "d", "n", "quantity", "theory", "MC mean", "MC SE", "z"):
-        table.add_column(col, justify="left" if col in ("score", "quantity") else "right")
+    cells = []
     for r in rows:
         se = r["mc_se"]
         z = (r["mc_mean"] - r["theory"]) / se if se else 0.0
-        table.add_row(r["score"], str(r["d"]), str(r["n"]), r["quantity"], f"{r['theory']:.4g}",
-                      f"{r['mc_mean']:.4g}", f"{se:.2g}", f"{z:+.1f}")
-    Console().print(table)
+        cells.append((r["score"], str(r["d"]), str(r["n"]), r["quantity"], f"{r['theory']:.4g}",
+                      f"{r['mc_mean']:.4g}", f"{se:.2g}", f"{z:+.1f}"))
+    print_table("softmax over n keys at init: theory vs Monte Carlo (z = diff / SE)",
+                ("score", "d", "n", "quantity", "theory", "MC mean", "MC SE", "z"), cells,
+                left=("score", "quantity"))
 
 
 @app.command("inspect")
@@ -133,16 +130,13 @@ def inspect_command(
 
 def print_inspect_table(result: dict) -> None:
     """Per-layer, per-head statistics as a rich table on stdout."""
-    table = Table(title=f"{result['model']}: {result['n_tokens']} tokens "
-                        f"({result['n_sentences']} inputs), pre-softmax scores per head")
-    for col in ("layer", "head", "logit std", "max |logit|", "entropy", "ln n", "max w",
-                "eff. keys", "H without 1/√d", "H cosine τ=1"):
-        table.add_column(col, justify="right")
-    for layer in result["layers"]:
-        for h in layer["heads"]:
-            table.add_row(str(layer["layer"]), str(h["head"]), f"{h['logit_std']:.2f}",
-                          f"{h['max_abs_logit']:.1f}", f"{h['entropy']:.2f}",
-                          f"{h['entropy_uniform']:.2f}", f"{h['max_weight']:.2f}",
-                          f"{h['effective_keys']:.1f}", f"{h['entropy_unscaled']:.2f}",
-                          f"{h['entropy_cosine_tau1']:.2f}")
-    Console().print(table)
+    title = (f"{result['model']}: {result['n_tokens']} tokens "
+             f"({result['n_sentences']} inputs), pre-softmax scores per head")
+    cells = [
+        (str(layer["layer"]), str(h["head"]), f"{h['logit_std']:.2f}",
+         f"{h['max_abs_logit']:.1f}", f"{h['entropy']:.2f}", f"{h['entropy_uniform']:.2f}",
+         f"{h['max_weight']:.2f}", f"{h['effective_keys']:.1f}", f"{h['entropy_unscaled']:.2f}",
+         f"{h['entropy_cosine_tau1']:.2f}")
+        for layer in result["layers"] for h in layer["heads"]
+    ]
+    print_table(title, INSPECT_COLUMNS, cells)

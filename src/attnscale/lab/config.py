@@ -114,7 +114,7 @@ class TrainConfig(BaseModel):
     seq_len: int | None = Field(None, ge=2, description="Training sequence length (task default).")
     text: str | None = Field(None, description="UTF-8 text file for task 'text' (default corpus).")
     vocab_size: int | None = Field(None, description="mqar vocabulary (256; Zoology uses 8192).")
-    num_kv_pairs: int | None = Field(None, description="mqar key-value pairs (8).")
+    num_kv_pairs: int | None = Field(None, description="mqar key-value pairs (4).")
     power_a: float | None = Field(None, description="mqar query-gap power law (0.01).")
     num_items: int | None = Field(None, description="salience items per sequence (8).")
     num_item_tokens: int | None = Field(None, description="salience item vocabulary (64).")

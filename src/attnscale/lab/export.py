@@ -55,7 +55,8 @@ def write_parquet(runs: Iterable[Mapping[str, Any]], path: str | Path) -> int:
         try:
             import pandas as pd
         except ImportError:
-            raise ValueError("--parquet needs pyarrow: pip install pyarrow") from None
+            raise ValueError("--parquet needs pyarrow: pip install 'attnscale[parquet]' "
+                             "(or pip install pyarrow)") from None
         pd.DataFrame(table, columns=columns).to_parquet(path)
         return len(rows)
     pq.write_table(pa.table(table), str(path))

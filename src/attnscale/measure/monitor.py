@@ -5,11 +5,14 @@
         model(**inputs)
     mon.stats()           # {layer name: AttentionStats of the scores the model really used}
     mon.stats("dot")      # the same attention recomputed without the 1/√d factor
+    mon.flat_stats()      # {"encoder.layer.0.attention.self/entropy": 1.93, ...} for loggers
 
 What is captured, in TransformerLens terms: the statistics are of ``attn_scores`` -- the
 pre-softmax logits after scaling and masking -- and of the ``pattern`` softmax(attn_scores) they
 produce (entropy, max weight, effective keys), computed from the q and k entering the attention
-function.
+function; :data:`attnscale.measure.stats.STATISTICS` says which for each statistic.
+``query_mask`` (B, Nq) bool (or broadcasting to it) must fit every recorded call: one with other
+query rows (a generation step, cross-attention) raises ValueError; set it to None for those.
 
 Sources, and what happens to the model's output:
 
@@ -54,7 +57,7 @@ from attnscale.core.inputs import check_inputs
 from attnscale.core.nn import MultiheadSelfAttention
 from attnscale.measure import native
 from attnscale.measure.rowstats import attention_with_sums, maybe_compiled
-from attnscale.measure.stats import AttentionStats, StatsAccumulator, check_query_mask
+from attnscale.measure.stats import AttentionStats, StatsAccumulator, check_query_mask, flat_means
 from attnscale.util.validate import check_int
 
 COUNTERFACTUALS: dict[str, dict[str, Any]] = {
@@ -85,13 +88,8 @@ class Monitor:
             that short runs pay nothing up front.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        counterfactuals: bool = False,
-        every: int = 1,
-        compile: bool = False,
-    ) -> None:
+    def __init__(self, model: nn.Module, counterfactuals: bool = False, every: int = 1,
+                 compile: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         check_int("every", every, minimum=1)
@@ -114,6 +112,12 @@ class Monitor:
         if variant != ACTUAL and variant not in COUNTERFACTUALS:
             raise ValueError(f"variant must be 'actual' or one of {sorted(COUNTERFACTUALS)}")
         return {name: acc[variant].result() for name, acc in self._acc.items() if variant in acc}
+
+    def flat_stats(self, variant: str = ACTUAL) -> dict[str, float]:
+        """``{f"{layer}/{statistic}": float}`` of :meth:`stats`, for loggers (JSON-ready): per
+        layer the row-weighted mean over heads and rows (max over heads for max_abs_logit),
+        named as :data:`attnscale.measure.stats.STATISTICS` describes them."""
+        return flat_means(self.stats(variant))
 
     def reset(self) -> None:
         """Forget everything recorded so far."""
@@ -194,9 +198,16 @@ class Monitor:
     def _rows(self, query: Tensor) -> Tensor:
         """The query rows that count, (B, N) bool on the query's device."""
         b, n = query.shape[0], query.shape[2]
-        if not _fits(self.query_mask, query):
-            return torch.ones(b, n, dtype=torch.bool, device=query.device)
-        return check_query_mask(self.query_mask, b, n).to(query.device)
+        rows = self._query_mask(b, n)
+        return (torch.ones(b, n, dtype=torch.bool) if rows is None else rows).to(query.device)
+
+    def _query_mask(self, b: int, n: int) -> Tensor | None:
+        """``query_mask`` for a call's (B, Nq); never skipped, which would count padding rows."""
+        try:
+            return check_query_mask(self.query_mask, b, n)
+        except ValueError as err:
+            raise ValueError(f"Monitor.{err}; set it for each batch, and to None for calls with "
+                             "other query rows (generation steps, cross-attention)") from None
 
     def _sampled(self, module: nn.Module) -> str | None:
         """The layer name if this call of ``module`` is one to record (every ``every``-th)."""
@@ -215,7 +226,7 @@ class Monitor:
             base = {n: call[n] for n in ("attn_mask", "is_causal", "enable_gqa") if n in call}
             variants |= {label: {**base, **cf} for label, cf in COUNTERFACTUALS.items()}
         accs = self._acc.setdefault(name, {})
-        qmask = self.query_mask if _fits(self.query_mask, q) else None
+        qmask = self._query_mask(q.shape[0], q.shape[2])
         for label, kwargs in variants.items():
             acc = accs.setdefault(label, StatsAccumulator(q.shape[1], compile=self.compile))
             if label == ACTUAL and measured is not None:
@@ -368,10 +379,6 @@ def _stats_mask(mask: Tensor | None) -> Tensor | None:
 
 def _is_hf_model(model: nn.Module) -> bool:
     return hasattr(model, "config") and hasattr(model, "set_attn_implementation")
-
-
-def _fits(query_mask: Tensor | None, q: Tensor) -> bool:
-    return query_mask is not None and tuple(query_mask.shape) == (q.shape[0], q.shape[2])
 
 
 def _hf_inputs(query, key, attention_mask, kwargs, module) -> tuple[Tensor, Tensor, dict]:

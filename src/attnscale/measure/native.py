@@ -10,10 +10,21 @@ which is also the reference the kernel is tested against.
 The build lives in PyTorch's extension cache (``~/.cache/torch_extensions``, or
 ``$TORCH_EXTENSIONS_DIR``). A build killed halfway can leave a lock file there that makes the
 next build wait; deleting that folder clears it.
+
+The first :func:`fused_kernel` call in a process logs ONE line before it blocks, on the
+``logging`` logger ``attnscale.measure.native``: at WARNING when no cached build is found
+(the ~30 s compile), at INFO when one is (a load of about a second); later calls are silent.
+Why ``logging``: a library must not write to stdout (it may be a command's machine-readable
+output), and the line is progress, not a fault in the caller's code -- ``warnings.warn`` is for
+the latter, and under ``-W error`` (common in test suites) it would turn the notice into an
+exception. Why WARNING for the build: without any logging set up, Python's last-resort handler
+prints WARNING and above to stderr, so a user waiting 30 s sees why; an application silences it
+with ``logging.getLogger("attnscale").setLevel(logging.ERROR)``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import shutil
@@ -34,6 +45,7 @@ FLAGS = {
     "AVX2": ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
 }
 _state: dict[str, object] = {}
+log = logging.getLogger(__name__)
 
 
 def fused_kernel() -> Callable | None:
@@ -62,11 +74,13 @@ def _build() -> tuple[Callable | None, str | None]:
     scripts = sysconfig.get_path("scripts")
     if shutil.which("ninja") is None and scripts and (Path(scripts) / "ninja").exists():
         os.environ["PATH"] = f"{scripts}{os.pathsep}{path}"
+    name = f"attnscale_attention_with_sums_{capability.lower()}"
+    _announce(name)
     try:
         from torch.utils.cpp_extension import load
 
         module = load(
-            name=f"attnscale_attention_with_sums_{capability.lower()}",
+            name=name,
             sources=[str(SOURCE)],
             extra_cflags=["-O3", "-fopenmp", *FLAGS[capability]],
             extra_ldflags=["-fopenmp"],
@@ -79,6 +93,27 @@ def _build() -> tuple[Callable | None, str | None]:
     finally:
         os.environ["PATH"] = path
     return _calling(module.attention_with_sums), None
+
+
+def _announce(name: str) -> None:
+    """The one line logged before the build blocks (see the module docstring)."""
+    if _cached(name):
+        log.info("attnscale: loading the monitor's native kernel %s from PyTorch's extension "
+                 "cache", name)
+    else:
+        log.warning("attnscale: building the monitor's native kernel %s with "
+                    "torch.utils.cpp_extension (about 30 s, once per machine; cached after)", name)
+
+
+def _cached(name: str) -> bool:
+    """Whether a built module ``name`` lies in PyTorch's extension cache: ``$TORCH_EXTENSIONS_DIR``
+    or the default root, directly or in the per-Python/per-accelerator folder newer PyTorch adds.
+    Only the log level depends on it; the builder itself decides whether to rebuild."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    patterns = [f"{name}/{name}.so", f"*/{name}/{name}.so", f"{name}/{name}.pyd"]
+    return any(any(root.glob(pattern)) for pattern in patterns)
 
 
 def _calling(kernel: Callable) -> Callable:

@@ -23,7 +23,7 @@ Per-head values average over batch and rows; logit mean/std/max |logit| run over
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -45,18 +45,41 @@ from attnscale.measure.rowstats import (
 
 __all__ = [
     "SATURATION",
+    "STATISTICS",
     "SUM_FIELDS",
     "AttentionStats",
     "StatsAccumulator",
     "attention_stats",
     "attention_with_sums",
     "check_query_mask",
+    "flat_means",
     "head_sums",
     "logit_stats",
     "maybe_compiled",
 ]
 
 CHUNK_ELEMENTS = 1 << 22  # elements of one (B, H, chunk, Nk) block
+
+# What each statistic is computed from, in TransformerLens terms: ``attn_scores`` (its
+# ``hook_attn_scores``) are the pre-softmax logits after scaling -- the score's formula, e.g.
+# q·k/√d or softcap -- and masking, where a float mask is added and hidden keys drop out;
+# ``pattern`` (``hook_pattern``) is softmax(attn_scores) over the keys the query sees (n_i).
+# Every statistic but ``rows`` averages over kept query rows per head.
+STATISTICS: dict[str, str] = {
+    "rows": "count: query rows averaged (kept, with at least one visible key), summed over heads",
+    "logit_mean": "attn_scores: mean over visible (query, key) entries",
+    "logit_std": "attn_scores: standard deviation over visible (query, key) entries",
+    "max_abs_logit": "attn_scores: max |logit| over visible entries (max over heads in means)",
+    "entropy": "pattern: entropy −Σ_j p_ij ln p_ij in nats",
+    "entropy_uniform": "mask only: ln n_i, the entropy of a uniform pattern over the same keys",
+    "entropy_normalized": "pattern: entropy / ln n_i, over rows with n_i ≥ 2",
+    "max_weight": "pattern: largest weight max_j p_ij",
+    "effective_keys": "pattern: participation ratio 1/Σ_j p_ij²",
+    "saturated_fraction": f"pattern: fraction of rows whose largest weight exceeds {SATURATION}",
+    "jacobian_norm": "pattern: Frobenius norm of the softmax Jacobian diag(p) − ppᵀ",
+    "logsumexp": "attn_scores: ln Σ_j exp(logit_ij) over visible keys (softmax normalizer)",
+    "z_loss": "attn_scores: logsumexp², PaLM's z-loss (Chowdhery et al. 2022, arXiv:2204.02311)",
+}
 
 
 @dataclass
@@ -385,15 +408,32 @@ class _PerRowScale(Exception):
 
 
 def check_query_mask(query_mask: Tensor | None, b: int, nq: int) -> Tensor | None:
-    """``query_mask`` if it is None or a (B, Nq) bool tensor (True = keep the row)."""
+    """``query_mask`` as a (B, Nq) bool tensor (True = keep the row), or None.
+
+    Any shape that broadcasts to (B, Nq) is accepted -- (Nq,) or (1, Nq) for every sequence
+    alike -- and expanded; another shape raises ValueError naming the expected and given shapes.
+    """
     if query_mask is None:
         return None
     if not isinstance(query_mask, Tensor) or query_mask.dtype != torch.bool:
         raise TypeError("query_mask must be a bool tensor (B, Nq), True = keep the row")
-    if tuple(query_mask.shape) != (b, nq):
-        raise ValueError(f"query_mask must have shape (B, Nq) = {(b, nq)}, "
+    try:
+        fits = torch.broadcast_shapes(query_mask.shape, (b, nq)) == (b, nq)
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"query_mask must have shape (B, Nq) = {(b, nq)} (or broadcast to it), "
                          f"got {tuple(query_mask.shape)}")
-    return query_mask
+    return query_mask.expand(b, nq)
+
+
+def flat_means(layers: Mapping[str, AttentionStats]) -> dict[str, float]:
+    """``{f"{layer}/{statistic}": float}``, for loggers: each layer's :meth:`AttentionStats.mean`
+    (row-weighted mean over heads and rows; max over heads for max_abs_logit; total for rows).
+    Plain Python floats, finite, so ``json.dumps(..., allow_nan=False)`` takes them. What each
+    statistic measures: :data:`STATISTICS`."""
+    return {f"{layer}/{name}": float(value)
+            for layer, s in layers.items() for name, value in s.mean().items()}
 
 
 def uniform_entropy(n: int) -> float:
