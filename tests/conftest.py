@@ -13,6 +13,9 @@ Hypothesis profiles (chosen with the ``HYPOTHESIS_PROFILE`` environment variable
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,3 +59,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture
+def ray_head():
+    """A real local Ray cluster from `ray start --head` (2 CPUs), stopped afterwards; yields its
+    address ``127.0.0.1:port``. Skips when ray is not installed."""
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'attnscale[ray]')")
+    ray_bin = Path(sys.executable).with_name("ray")
+    port = "6391"
+    start = [str(ray_bin), "start", "--head", "--port", port, "--num-cpus", "2",
+             "--disable-usage-stats", "--include-dashboard", "false"]
+    started = subprocess.run(start, capture_output=True, text=True, timeout=180)
+    assert started.returncode == 0, started.stderr[-2000:]
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120)

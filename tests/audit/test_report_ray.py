@@ -5,34 +5,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 from attnscale.audit.studies import PRESETS, cut_down, studies
 from attnscale.lab.store import Store
 
 
-def test_cut_down_full_report_on_a_started_ray_cluster(tmp_path):
-    pytest.importorskip("ray", reason="ray is not installed (pip install 'attnscale[ray]')")
-    ray_bin = Path(sys.executable).with_name("ray")
-    port = "6392"
-    start = [str(ray_bin), "start", "--head", "--port", port, "--num-cpus", "2",
-             "--disable-usage-stats", "--include-dashboard", "false"]
-    started = subprocess.run(start, capture_output=True, text=True, timeout=180)
-    assert started.returncode == 0, started.stderr[-2000:]
+def test_cut_down_full_report_on_a_started_ray_cluster(tmp_path, ray_head):
     # a fresh process, as `attnscale report` would be: Ray reads its auth settings at import
     code = ("import json, sys; from attnscale.audit import report as R; "
             "from attnscale.audit.studies import PRESETS, cut_down; "
             "r = R.build_report(cut_down(PRESETS['full']), out=sys.argv[1], executor='ray', "
             "workers=2, address=sys.argv[2]); print(json.dumps(r['preset']))")
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
-    try:
-        done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "full"),
-                               f"127.0.0.1:{port}"], capture_output=True, text=True,
-                              timeout=900, env=env)
-    finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "full"), ray_head],
+                          capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == '"full-cut"'
     preset = cut_down(PRESETS["full"])

@@ -297,27 +297,17 @@ def test_ray_executor_matches_local(smoke_db, tmp_path):
         assert [len(r["history"]) for r in ray.runs(history=True)] == [3] * 4
 
 
-def test_ray_executor_joins_a_started_cluster_by_address(smoke_db, tmp_path):
+def test_ray_executor_joins_a_started_cluster_by_address(smoke_db, tmp_path, ray_head):
     """`ray start --head`, then --address host:port (token auth on when ~/.ray/auth_token
     exists, Ray >= 2.59), then the same final metrics as the local executor."""
-    pytest.importorskip("ray", reason="ray is not installed (pip install 'attnscale[ray]')")
-    ray_bin = Path(sys.executable).with_name("ray")
-    port = "6391"
-    start = [str(ray_bin), "start", "--head", "--port", port, "--num-cpus", "2",
-             "--disable-usage-stats", "--include-dashboard", "false"]
-    started = subprocess.run(start, capture_output=True, text=True, timeout=120)
-    assert started.returncode == 0, started.stderr[-2000:]
-    try:
-        db = tmp_path / "cluster.db"
-        env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
-        out = cli("sweep", str(SMOKE), "--db", str(db), "--workers", "2", "--executor", "ray",
-                  "--address", f"127.0.0.1:{port}", env=env)
-        assert out.returncode == 0, out.stderr[-2000:]
-        with Store(smoke_db) as local, Store(db) as ray:
-            want = {r["id"]: (r["final_loss"], r["final_metric"]) for r in local.runs()}
-            assert {r["id"]: (r["final_loss"], r["final_metric"]) for r in ray.runs()} == want
-    finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120)
+    db = tmp_path / "cluster.db"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    out = cli("sweep", str(SMOKE), "--db", str(db), "--workers", "2", "--executor", "ray",
+              "--address", ray_head, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    with Store(smoke_db) as local, Store(db) as ray:
+        want = {r["id"]: (r["final_loss"], r["final_metric"]) for r in local.runs()}
+        assert {r["id"]: (r["final_loss"], r["final_metric"]) for r in ray.runs()} == want
 
 
 def test_divergence_failure_and_dead_worker(tmp_path):
