@@ -278,6 +278,37 @@ def _log_problems(driver, problems: list[str]) -> dict[str, list]:
     return {"console": console, "console_errors": errors, "requests": requests}
 
 
+LAYOUT_JS = """
+const top = el => el ? el.getBoundingClientRect().top + window.scrollY : null;
+const banner = document.getElementById('smoke-banner');
+const cells = sel => [...document.querySelectorAll(sel)];
+return {
+  h2: cells('h2').map(h => h.id || (h.closest('section') || {}).id || h.textContent.trim()),
+  takeaways_top: top(document.getElementById('takeaways')),
+  viewport: window.innerHeight,
+  smoke_banner: !!banner && banner.offsetParent !== null,
+  banner_top: top(banner),
+  rows_without_scale: cells('#verdicts tr, #questions tr').slice(0).filter(
+      r => r.querySelector('td') && !(r.querySelector('td.scale') || {}).textContent),
+  claims_without_scale: cells('div.claim').filter(
+      d => !(d.querySelector('.scale') || {textContent: ''}).textContent.replace('Scale:', '')
+             .trim()).map(d => d.id),
+  takeaway_items: cells('#takeaways li').length,
+  smoke_badges: cells('.verdict.smoke').length,
+  evidence_badges: cells('.verdict:not(.smoke)').length,
+  alts: cells('img').map(i => i.alt),
+};
+"""
+
+
+def page_layout(driver) -> dict[str, Any]:
+    """Where the page puts things: the order of its sections, the takeaways' and smoke
+    banner's positions, verdict rows or claims without a scale line, badges and image alts."""
+    out = driver.execute_script(LAYOUT_JS)
+    out["rows_without_scale"] = len(out["rows_without_scale"])
+    return out
+
+
 def _screenshot(driver, path: Path) -> Path:
     """Full-page PNG through the DevTools protocol (height capped at 16000 CSS px)."""
     size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
@@ -307,7 +338,8 @@ def browser_check(
     Saves a full-page screenshot PNG to ``screenshot_path``.
 
     Returns a dict: ``ok``, ``problems`` (list of str, empty when ok), ``images``, ``figures``,
-    ``numbers_before``/``numbers_after`` (id → text), ``theory_probes`` (the page's theory at
+    ``layout`` (:func:`page_layout`), ``numbers_before``/``numbers_after`` (id → text),
+    ``theory_probes`` (the page's theory at
     :data:`THEORY_PROBES`), ``mc_probes`` (mean and standard error of the page's sampler over
     :data:`MC_DRAWS` draws at :data:`MC_PROBES`), ``console_errors``, ``requests``,
     ``screenshot``, ``seconds``.
@@ -326,6 +358,7 @@ def browser_check(
             driver.get(Path(html_path).resolve().as_uri())
             _wait(driver, "return document.readyState === 'complete';", timeout)
             result["images"] = _check_images(driver, timeout, problems)
+            result["layout"] = page_layout(driver)
             has_explorer = driver.execute_script("return !!document.getElementById('explorer');")
             if has_explorer:
                 result.update(_check_explorer(driver, timeout, problems))

@@ -167,3 +167,26 @@ def test_an_arm_whose_runs_measured_nothing_is_empty(lr_choice):
     v = S.arm_values(study(lr_choice), runs, (), "dot")
     assert (v.values, v.lrs, v.censored, v.curve) == ({}, {}, False, {})
     assert S.loo_choice(runs) == ({}, False, {})
+
+
+@pytest.mark.parametrize(("curve", "expected"), [
+    ({0.01: 2.0, 0.03: 1.0}, 0.03 * 10 ** 0.5),  # best at the top edge: one step up
+    ({0.01: 1.0, 0.03: 2.0}, 0.01 / 10 ** 0.5),  # best at the bottom edge: one step down
+    ({0.01: 2.0, 0.03: 1.5, 0.0949: 1.2, 0.3: 1.0}, None),  # extended twice already: censored
+    ({0.01: 2.0, 0.03: 1.0, 0.1: 1.5}, None),  # an interior optimum
+])
+def test_a_grid_extends_at_most_extend_times_even_across_reruns(curve, expected, tmp_path,
+                                                                 monkeypatch):
+    from attnscale.audit.running import StudyRunner
+
+    s = Study("s", ("C7",), {}, ("dot",), (0.01, 0.03), (0, 1, 2), lr_choice="tuned",
+              tune_seeds=(50,), extend=2)
+    runner = StudyRunner(tmp_path / "r.db", "local", 1, None)
+    best = min(curve, key=curve.get)
+    edge = best in (min(curve), max(curve))
+    monkeypatch.setattr(runner, "tuning", lambda study: {((), "dot"): (best, edge, curve)})
+    out = runner.extensions(s)
+    if expected is None:
+        assert out == {}
+    else:
+        assert out[(), "dot"] == pytest.approx(expected)

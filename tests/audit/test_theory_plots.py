@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import struct
+from pathlib import Path
 
 import pytest
 
@@ -13,13 +15,39 @@ from attnscale.measure import theory as th
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_plots_are_pngs(tmp_path) -> None:
+def dpi_of(path: str) -> float:
+    """The dpi a PNG's pHYs chunk records (0 without one)."""
+    data = Path(path).read_bytes()
+    pos = 8
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        if kind == b"pHYs":
+            x, y, unit = struct.unpack(">IIB", data[pos + 8:pos + 17])
+            return min(x, y) * 0.0254 if unit == 1 else 0.0
+        pos += 12 + length
+    return 0.0
+
+
+def test_plots_are_print_quality_pngs(tmp_path) -> None:
     a = tp.plot_entropy_vs_scale(str(tmp_path / "entropy.png"), ns=(16, 256), samples=100)
     b = tp.plot_phase_diagram(str(tmp_path / "phase.png"), d_max=256, n_max=4096, grid=6)
     c = tp.plot_score_entropy(str(tmp_path / "scores.png"), d=16, ns=(8, 64))
     for path in (a, b, c):
         with open(path, "rb") as fh:
             assert fh.read(8) == PNG
+        assert dpi_of(path) >= 150, path
+
+
+def test_phase_summary_is_the_exact_theory() -> None:
+    """Where unscaled entropy halves, and the scaled floor, agree with expected_entropy."""
+    summary = tp.phase_summary(d_max=1024, n_max=4096, ns=(512,))
+    d = summary["half_d"][512]
+    assert 2 < d < 2 * math.log(512)  # it halves before the REM line d_k = 2 ln n
+    assert th.expected_entropy(512, math.sqrt(d)) / math.log(512) == pytest.approx(0.5, abs=1e-6)
+    assert summary["scaled_min"] == pytest.approx(th.expected_entropy(2, 1.0) / math.log(2))
+    assert summary["unscaled_64_512"] == pytest.approx(th.expected_entropy(512, 8.0)
+                                                       / math.log(512))
+    assert tp.half_entropy_dk(512, d_max=4) is None  # not crossed below d_k = 4
 
 
 def test_score_curves_use_registry_labels_and_exact_theory() -> None:

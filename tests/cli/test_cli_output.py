@@ -245,3 +245,31 @@ def test_the_parquet_extra_holds_pyarrow_and_the_error_names_it(db, tmp_path, mo
     from attnscale.cli import run as cli_run
 
     assert cli_run(["results", "--db", db, "--parquet", str(tmp_path / "r.parquet")]) == 2
+
+
+# -- 9. the report's verdict table: questions answered, a smoke test said so ------------------
+
+
+def report_result(smoke: bool) -> dict:
+    claim = {"id": "C1", "verdict": "supported", "headline": "supported: max error 4.5e-07"}
+    question = {"id": "Q3", "verdict": "refuted", "headline": "refuted: at n=128 +0.01",
+                "answer": "No measurable accuracy gain (at n=128 +0.01)"}
+    return {"claims": [claim], "questions": [question], "smoke": smoke, "elapsed_s": 3.0,
+            "runs_trained": 0}
+
+
+@pytest.mark.parametrize("smoke", [True, False])
+def test_report_table_piped_at_80_columns(smoke, monkeypatch, capsys):
+    from attnscale.cli import audit
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(tables, "interactive", lambda: False)
+    audit.print_verdicts(report_result(smoke), "quick" if smoke else "standard", "report")
+    captured = capsys.readouterr()
+    text = captured.out
+    assert "…" not in text
+    assert "ID\tverdict\theadline" in text
+    assert "Q3\tanswer\tNo measurable accuracy gain" in text
+    assert ("smoke test" in text) == smoke
+    assert ("not evidence" in captured.err) == smoke  # the note goes to stderr, with the logs
+    assert "every training run reused" in captured.err

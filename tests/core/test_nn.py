@@ -182,3 +182,11 @@ def test_bad_module_input():
     m = MultiheadSelfAttention(16, 4)
     with pytest.raises(ValueError, match=r"x must be \(B, N, 16\)"):
         m(torch.randn(2, 5, 12))
+
+
+def test_repr_shows_the_score_and_its_settings() -> None:
+    text = repr(MultiheadSelfAttention(64, 4, 2, score="softcap", cap=30.0, causal=True))
+    assert "score='softcap'" in text and "cap=30.0" in text and "n_kv_heads=2" in text
+    assert "causal=True" in text
+    plain = repr(MultiheadSelfAttention(64, 4))
+    assert "score='scaled_dot'" in plain and "n_kv_heads" not in plain and "causal" not in plain

@@ -57,8 +57,8 @@ def data_uri(path: str | Path) -> str:
 
 
 def _prepare(entry: dict[str, Any]) -> dict[str, Any]:
-    figs = [{"name": Path(f).name, "uri": data_uri(f)} for f in entry["figures"]
-            if Path(f).exists()]
+    figs = [{"name": Path(f["path"]).name, "uri": data_uri(f["path"]), "alt": f["alt"]}
+            for f in entry["figures"] if Path(f["path"]).exists()]
     # strict JSON, as in report.json (written from the same entries before the page)
     return {**entry, "figure_data": figs,
             "evidence_json": dumps(entry["evidence"], indent=1)[:20000]}
@@ -86,6 +86,8 @@ def render_html(report: dict[str, Any], explorer_html: str) -> str:
         questions=[_prepare(q) for q in report["questions"]],
         preset=report["preset"], git_rev=report["git_rev"], versions=report["versions"],
         versions_json=dumps(report["versions"]), elapsed_s=report["elapsed_s"],
-        n_runs=report["n_runs"], bench_rows=timing_rows(report["bench"]), claims_doc=CLAIMS_DOC,
+        n_runs=report["n_runs"], runs_trained=report.get("runs_trained", report["n_runs"]),
+        smoke=report.get("smoke", False), takeaways=report.get("takeaways", []),
+        bench_rows=timing_rows(report["bench"]), claims_doc=CLAIMS_DOC,
         explorer=Markup(explorer_html),  # built by attnscale.audit.explorer with its own escaping
     )

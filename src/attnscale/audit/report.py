@@ -22,19 +22,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attnscale.audit import explorer, figures
+from attnscale.audit import explorer, figures, scale
 from attnscale.audit.evidence import collect_evidence
 from attnscale.audit.measurements import cached, measure_all
 from attnscale.audit.render import judge_all, render_html
 from attnscale.audit.running import StudyRunner, study_runs
 from attnscale.audit.studies import PRESETS, Preset, Study, studies, with_seed_offset
+from attnscale.audit.takeaways import answer, takeaways
 from attnscale.lab.executors import EXECUTORS
 from attnscale.lab.store import Store
 from attnscale.util.jsonio import dumps, jsonable
 from attnscale.util.provenance import git_revision, versions
 from attnscale.util.validate import check_choice, check_int, check_output_folder
 
-SCHEMA_VERSION = 2  # 2: four verdicts, headline and plain sentences, C5 timing study
+# 2: four verdicts, headline and plain sentences, C5 timing study
+# 3: takeaways, per-entry scale and (questions) answer, smoke, runs_trained, figures with alt text
+SCHEMA_VERSION = 3
 
 
 def run_studies(plan: dict[str, Study], db: Path, executor: str, workers: int,
@@ -79,6 +82,7 @@ def build_report(
     db = Path(db) if db else out / "results.db"
     with Store(db) as store:
         measured = measure_all(p, store, say)
+        n_before = sum(store.counts().values())
     say("training studies")
     plan = studies(p)
     runs = run_studies(plan, db, executor, workers, address, progress)
@@ -89,14 +93,19 @@ def build_report(
     claims, questions = judge_all(evidence)
     numbers = {e["id"]: e["numbers"] for e in claims + questions}
     drawn = figures.draw_all(evidence, measured, out / "figures", numbers)
+    notes = scale.caveats(p)
     for e in claims + questions:
         e["figures"] = drawn.get(e["id"], [])
+        e["scale"] = notes.get(e["id"], "")
+    for q in questions:
+        q["answer"] = answer(q)
     report = jsonable({
         "schema_version": SCHEMA_VERSION, "preset": p.name, "seed_offset": seed_offset,
+        "smoke": scale.is_smoke(p.name), "takeaways": takeaways(claims + questions),
         "seeds": list(p.seeds), "task_seeds": list(p.task_seeds),
         "tune_seeds": list(p.tune_seeds), "claims": claims,
         "questions": questions, "versions": versions(), "git_rev": git_revision(),
-        "n_runs": n_runs, "bench": measured["bench"],
+        "n_runs": n_runs, "runs_trained": n_runs - n_before, "bench": measured["bench"],
         "elapsed_s": time.perf_counter() - started,
     })
     (out / "report.json").write_text(dumps(report, indent=1))

@@ -91,11 +91,17 @@ class StudyRunner:
 
     def extensions(self, study: Study) -> dict[tuple[Cell, str], float]:
         """(cell, arm) -> the LR one step beyond its edge, for each arm whose best LR is at an
-        edge of what it has run."""
+        edge of what it has run and has fewer than ``study.extend`` LRs past the study's grid
+        on that side. Counting what is already there keeps a rerun from extending again: the
+        database, not the loop, says how far a grid went."""
         out = {}
         for key, (lr, edge, curve) in self.tuning(study).items():
-            if edge:
-                out[key] = lr / study.lr_step if lr == min(curve) else lr * study.lr_step
+            if not edge:
+                continue
+            low = lr == min(curve)
+            beyond = [x for x in curve if (x < min(study.lrs) if low else x > max(study.lrs))]
+            if len(beyond) < study.extend:
+                out[key] = lr / study.lr_step if low else lr * study.lr_step
         return out
 
     def choices(self, study: Study) -> dict[tuple[Cell, str], float]:

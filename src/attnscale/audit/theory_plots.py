@@ -4,23 +4,34 @@
   with the Random Energy Model asymptotes and Monte Carlo points (Derrida 1981);
 * :func:`plot_phase_diagram`: the (d_k, n) plane, unscaled against scaled dot products;
 * :func:`plot_score_entropy`: every registered score with a theory hook, exact E[entropy]/ln n
-  against n at one d_k, labelled by the score's registry ``tex``.
+  against n at one d_k, labelled by the score's registry ``tex``;
+* the report's theory and Monte Carlo figures (C2 :func:`fig_c2`, C8 :func:`fig_c8`, C9
+  :func:`fig_rem` and :func:`fig_phase`, C10 :func:`fig_c10`), which return ``{"path", "alt"}``
+  like every report figure (:mod:`attnscale.audit.figures`), and the helpers those share.
 
-Each draws with matplotlib (Agg, no display), writes ``path`` and returns it.
+Each draws with matplotlib (Agg, no display), math in mathtext, legends outside the data,
+writes ``path`` as a :data:`DPI`-dpi PNG (:func:`save_png`) and returns it.
+:func:`phase_summary` gives the numbers the phase diagram shows, for the report's caption.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")  # no display needed; chosen before pyplot loads
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
+from attnscale.audit import figure_text as T
 from attnscale.core.scores import get_score
+from attnscale.measure.cosine_theory import cosine_logit_pdf
 from attnscale.measure.montecarlo import mc_softmax_stats
 from attnscale.measure.theory import (
     expected_entropy,
@@ -30,7 +41,24 @@ from attnscale.measure.theory import (
     stat_scores,
 )
 
-__all__ = ["plot_entropy_vs_scale", "plot_phase_diagram", "plot_score_entropy", "score_curves"]
+__all__ = ["BAND", "DPI", "below", "fig_c2", "fig_c8", "fig_c10", "fig_phase", "fig_rem",
+           "half_entropy_dk", "log_ticks", "outside", "phase_summary", "plot_entropy_vs_scale",
+           "plot_phase_diagram", "plot_score_entropy", "save", "save_png", "score_curves", "yerr"]
+
+
+DPI = 160  # ≥ 150 dpi for print; the PNG's pHYs chunk records it
+MATH_SC = r"$s_c=\sqrt{2\ln n}$"
+BAND = "#e4e4e4"  # the ±δ band: differences inside it are too small to matter
+Figure = dict[str, str]  # a report figure: {"path": PNG file, "alt": its finding in words}
+Evidence = dict[str, Any]
+
+
+def save_png(fig: plt.Figure, path: str) -> str:
+    """Save ``fig`` at :data:`DPI` as a PNG (pHYs set), cropped to its artists (legends placed
+    outside the axes stay in), close it and return ``path``."""
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.08)
+    plt.close(fig)
+    return path
 
 
 def plot_entropy_vs_scale(
@@ -52,7 +80,7 @@ def plot_entropy_vs_scale(
     for i, n in enumerate(ns):
         color = f"C{i}"
         ln_n = math.log(n)
-        ax.plot(grid, expected_entropy(n, grid) / ln_n, color=color, label=f"n = {n} (exact)")
+        ax.plot(grid, expected_entropy(n, grid) / ln_n, color=color, label=f"$n = {n}$, exact")
         s_c = float(rem_critical_scale(n))
         # The asymptotes fail near s_c at finite n (one goes negative, one diverges): hide that.
         asym = np.where(np.abs(grid - s_c) < 0.3 * s_c, np.nan, rem_entropy_asymptotic(n, grid))
@@ -63,16 +91,24 @@ def plot_entropy_vs_scale(
         ax.errorbar(pts, [e.mean / ln_n for e in est], yerr=[2 * e.se / ln_n for e in est],
                     fmt="o", ms=3, color=color)
         ax.axvline(s_c, color=color, ls="--", lw=0.8)
-    ax.set_xlabel("logit std s")
-    ax.set_ylabel("E[entropy] / ln n")
+    ax.plot([], [], "k:", lw=1, label="REM asymptotes")
+    ax.plot([], [], "k--", lw=0.8, label=MATH_SC)
+    ax.errorbar([], [], yerr=[], fmt="o", ms=3, color="k",
+                label=f"Monte Carlo ({samples} draws, ±2 SE)")
+    ax.set_xlabel("logit std $s$")
+    ax.set_ylabel(r"$\mathbb{E}[H]\,/\,\ln n$")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("Softmax of n i.i.d. N(0, s²) logits; dashed: s_c = √(2 ln n); "
-                 "dotted: REM asymptotes", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    ax.set_title(r"Softmax of $n$ i.i.d. $\mathcal{N}(0, s^2)$ logits: exact theory and "
+                 "Monte Carlo", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
+    return save_png(fig, path)
+
+
+def phase_grid(d_max: int, n_max: int, grid: int) -> tuple[np.ndarray, np.ndarray]:
+    """The (d_k, n) grid of :func:`plot_phase_diagram`: ``grid`` log-spaced integers each."""
+    ds = np.unique(np.round(np.geomspace(1, d_max, grid)).astype(int))
+    ns = np.unique(np.round(np.geomspace(2, n_max, grid)).astype(int))
+    return ds, ns
 
 
 def plot_phase_diagram(path: str, d_max: int = 4096, n_max: int = 1 << 20, grid: int = 20) -> str:
@@ -80,30 +116,61 @@ def plot_phase_diagram(path: str, d_max: int = 4096, n_max: int = 1 << 20, grid:
 
     Colour: exact normalised entropy E[H]/ln n with logit std s = √d_k (unscaled q·k, typical
     ‖q‖ = √d) in the left panel and s = 1 (q·k/√d_k) in the right. The black line is
-    √d_k = s_c(n) = √(2 ln n), i.e. d_k = 2 ln n: to its right unscaled attention is frozen
-    (REM, Derrida 1981); scaled attention would need n < e^{1/2} to freeze, i.e. never.
+    √d_k = s_c(n) = √(2 ln n), i.e. d_k = 2 ln n (REM, Derrida 1981); the white dashed
+    contour is where E[H]/ln n = 1/2. Scaled attention would need n < e^{1/2} to freeze, i.e.
+    never.
     """
-    ds = np.unique(np.round(np.geomspace(1, d_max, grid)).astype(int))
-    ns = np.unique(np.round(np.geomspace(2, n_max, grid)).astype(int))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True, layout="constrained")
-    for ax, (title, scale) in zip(axes, (("unscaled q·k (s = √d_k)", True),
-                                         ("scaled q·k/√d_k (s = 1)", False)), strict=True):
-        s = np.sqrt(ds)[None, :] if scale else np.ones((1, ds.size))
+    ds, ns = phase_grid(d_max, n_max, grid)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), sharey=True, layout="constrained")
+    panels = ((r"unscaled $q\cdot k$  ($s=\sqrt{d_k}$)", True),
+              (r"scaled $q\cdot k/\sqrt{d_k}$  ($s=1$)", False))
+    for ax, (title, unscaled) in zip(axes, panels, strict=True):
+        s = np.sqrt(ds)[None, :] if unscaled else np.ones((1, ds.size))
         h = expected_entropy(ns[:, None], s) / np.log(ns)[:, None]
-        mesh = ax.pcolormesh(ds, ns, h, shading="nearest", vmin=0, vmax=1, cmap="viridis")
-        ax.plot(2 * np.log(ns), ns, color="k", lw=1.5, label="d_k = 2 ln n: unscaled s = s_c")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(ds[0], ds[-1])
-        ax.set_ylim(ns[0], ns[-1])
-        ax.set_xlabel("d_k")
-        ax.set_title(title)
-    axes[0].set_ylabel("n (keys)")
-    axes[0].legend(loc="lower right", fontsize=8)
-    fig.colorbar(mesh, ax=axes, label="E[entropy] / ln n")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+        mesh = ax.pcolormesh(ds, ns, h, shading="gouraud", vmin=0, vmax=1, cmap="viridis")
+        if h.min() < 0.5 < h.max():
+            ax.contour(ds, ns, h, levels=[0.5], colors="white", linestyles="--", linewidths=1.2)
+        if unscaled:  # the transition exists only for s = √d_k
+            line = np.geomspace(ns[0], ns[-1], 200)
+            ax.plot(2 * np.log(line), line, color="k", lw=1.5)
+        ax.set(xscale="log", yscale="log", xlim=(ds[0], ds[-1]), ylim=(ns[0], ns[-1]),
+               xlabel="$d_k$ (head dimension)", title=title)
+    axes[0].set_ylabel("$n$ (keys)")
+    axes[0].plot([], [], "k-", lw=1.5, label=r"$d_k=2\ln n$: unscaled $s=s_c$ (REM transition)")
+    axes[0].plot([], [], "w--", lw=1.2, label=r"$\mathbb{E}[H]/\ln n=1/2$")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center",
+               bbox_to_anchor=(0.45, -0.01), ncol=2, fontsize=9, facecolor="#bbbbbb")
+    fig.colorbar(mesh, ax=axes, label=r"$\mathbb{E}[H]\,/\,\ln n$ (1 = uniform, 0 = one key)")
+    fig.suptitle(r"Exact theory: softmax entropy of $n$ keys, $q, k\sim\mathcal{N}(0, I_{d_k})$",
+                 fontsize=11)
+    return save_png(fig, path)
+
+
+def half_entropy_dk(n: int, d_max: int) -> float | None:
+    """The d_k at which unscaled attention (s = √d_k) keeps half of ln n: E[H(n, √d)]/ln n =
+    1/2, by bisection in log d over [1, d_max]; None when it is not crossed there."""
+    def h(d: float) -> float:
+        return float(expected_entropy(n, math.sqrt(d))) / math.log(n) - 0.5
+    lo, hi = 0.0, math.log(d_max)
+    if h(1.0) < 0 or h(float(d_max)) > 0:
+        return None
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if h(math.exp(mid)) > 0 else (lo, mid)
+    return math.exp((lo + hi) / 2)
+
+
+def phase_summary(d_max: int = 4096, n_max: int = 1 << 20,
+                  ns: tuple[int, ...] = (512, 1 << 20)) -> dict[str, object]:
+    """The numbers the phase diagram shows, for its caption: per n in ``ns`` the d_k where
+    unscaled entropy halves (:func:`half_entropy_dk`); unscaled E[H]/ln n at d_k = 64, n = 512;
+    and the least scaled E[H]/ln n over n in [2, ``n_max``]."""
+    n_grid = np.unique(np.round(np.geomspace(2, n_max, 40)).astype(int))
+    scaled = expected_entropy(n_grid, 1.0) / np.log(n_grid)
+    return {"d_max": d_max, "n_max": n_max,
+            "half_d": {n: half_entropy_dk(n, d_max) for n in ns},
+            "unscaled_64_512": float(expected_entropy(512, 8.0)) / math.log(512),
+            "scaled_min": float(np.min(scaled))}
 
 
 def score_curves(
@@ -128,10 +195,140 @@ def plot_score_entropy(
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, values in score_curves(d, ns, scores).items():
         ax.plot(ns, values, marker="o", label=label)
-    ax.set(xscale="log", xlabel="n (keys)", ylabel="E[entropy] / ln n", ylim=(-0.02, 1.02),
-           title=f"Softmax entropy at init, q and k ~ N(0, I), d_k = {d}, default parameters")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    ax.set(xscale="log", xlabel="$n$ (keys)", ylabel=r"$\mathbb{E}[H]\,/\,\ln n$",
+           ylim=(-0.02, 1.02))
+    ax.set_xticks(list(ns), [str(n) for n in ns])
+    ax.minorticks_off()
+    ax.set_title(f"Exact theory: softmax entropy at init, $q, k\\sim\\mathcal{{N}}(0, I)$, "
+                 f"$d_k = {d}$, default parameters", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
+    return save_png(fig, path)
+
+
+# ---------------------------------------------- the report's theory and Monte Carlo figures
+
+
+def save(fig: plt.Figure, folder: Path, name: str, alt: str) -> Figure:
+    """Write ``fig`` as ``folder/name.png`` (see :func:`theory_plots.save_png`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"path": save_png(fig, str(folder / f"{name}.png")), "alt": alt}
+
+
+def outside(ax: plt.Axes, **kw: Any) -> None:
+    """The axes' legend to the right of it, off the data."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8, **kw)
+
+
+def below(fig: plt.Figure, handles: list[Any], ncol: int = 2, y: float = 0.0) -> None:
+    """One legend for the whole figure, under its axes."""
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, y), ncol=ncol,
+               fontsize=8, frameon=False)
+
+
+def yerr(cs: list[dict[str, Any]]) -> list[list[float]]:
+    """errorbar's [below, above] half-widths of mean ± CI dicts (0 where an end is missing)."""
+    return [[c["mean"] - c["lo"] if T.finite(c.get("lo")) else 0.0 for c in cs],
+            [c["hi"] - c["mean"] if T.finite(c.get("hi")) else 0.0 for c in cs]]
+
+
+def log_ticks(ax: plt.Axes, values: list[Any], axis: str = "x") -> None:
+    """Ticks exactly at ``values`` on a log axis, labelled plainly (no 3×10¹)."""
+    getattr(ax, f"set_{axis}scale")("log")
+    getattr(ax, f"set_{axis}ticks")([float(v) for v in values], [f"{v:g}" for v in values])
+    ax.minorticks_off()
+
+
+def fig_c2(ev: Evidence, folder: Path, ds: tuple[int, ...] = (4, 16, 64, 256)) -> Figure:
+    """C2: the exact density of cos(q, k) for random q, k at several d: τ·cos lies in [−τ, τ]."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    xs = np.linspace(-0.999, 0.999, 801)
+    for d in ds:
+        ax.plot(xs, cosine_logit_pdf(xs, d), label=f"$d = {d}$ (std $1/\\sqrt{{d}}$ = "
+                f"{1 / math.sqrt(d):.2g})")
+    ax.axvspan(-1.15, -1, color=BAND, zorder=0, label=r"impossible: $|\cos| > 1$")
+    ax.axvspan(1, 1.15, color=BAND, zorder=0)
+    ax.set(xlim=(-1.15, 1.15), xlabel=r"$\cos(q, k)$ = the logit at $\tau = 1$",
+           ylabel="density")
+    ax.set_title(r"C2: exact density of $\cos(q,k)$, $q, k \sim \mathcal{N}(0, I_d)$ (theory)",
+                 fontsize=10)
+    outside(ax)
+    return save(fig, folder, "c2_cosine_range", T.c2_alt(ev, ds))
+
+
+def fig_c8(ev: Evidence, slope: float | None, folder: Path) -> Figure:
+    """C8: mean (± 3 SE) and spread of q·k against d_k (Monte Carlo)."""
+    rows = sorted(ev["by_d"], key=lambda r: r["d"])
+    d = [r["d"] for r in rows]
+    pairs = round((rows[0]["std"] / rows[0]["se_mean"]) ** 2)  # std/SE = √samples
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.9))
+    a.errorbar(d, [r["mean"] for r in rows], yerr=[3 * r["se_mean"] for r in rows],
+               marker="o", capsize=3, label=r"mean of $q\cdot k$, ±3 SE")
+    a.plot(d, d, ls=":", color="C3", label=r"the thread's $O(d_k)$: $d_k$")
+    a.axhline(0, color="k", lw=0.8)
+    a.set(yscale="symlog", ylabel=r"$\mathbb{E}[q\cdot k]$", xlabel="$d_k$")
+    log_ticks(a, d)
+    b.plot(d, [r["std"] for r in rows], marker="o", label=r"std$(q\cdot k)$")
+    b.plot(d, np.sqrt(d), ls=":", color="k", label=r"$\sqrt{d_k}$")
+    b.plot(d, [r["std_scaled"] for r in rows], marker="s", label=r"std$(q\cdot k/\sqrt{d_k})$")
+    log_ticks(b, d)
+    top = max(r["std"] for r in rows)
+    log_ticks(b, [2 ** k for k in range(int(math.log2(top)) + 2)], "y")
+    b.set(xlabel="$d_k$", ylabel="standard deviation")
+    for ax in (a, b):
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8,
+                  frameon=False)
+    fig.suptitle(rf"C8: $q\cdot k$ with unit-variance components, Monte Carlo, {pairs:,} "
+                 r"pairs per $d_k$", fontsize=11)
+    return save(fig, folder, "c8_qk_moments", T.c8_alt(ev, slope))
+
+
+def fig_rem(ev: Evidence, folder: Path) -> Figure:
+    """C9: exact E[entropy]/ln n and E[max weight] of n i.i.d. N(0, s²) logits against s,
+    with s_c = √(2 ln n) and the d_k = 64, n = 512 points unscaled (s = 8) and scaled (s = 1)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.9))
+    for i, c in enumerate(ev["curves"]):
+        for ax, key in zip(axes, ("entropy_norm", "max_weight"), strict=True):
+            ax.plot(c["s"], c[key], color=f"C{i}", label=f"$n = {c['n']}$")
+            ax.axvline(c["s_c"], color=f"C{i}", ls=":", lw=0.9)
+    for s, key, label in ((8.0, "max_weight_unscaled_64_512", r"unscaled, $d_k=64$ ($s=8$)"),
+                          (1.0, "max_weight_scaled_64_512", r"scaled ($s=1$)")):
+        if T.finite(ev.get(key)):
+            axes[1].plot(s, ev[key], "k*" if s > 1 else "kD", ms=8, ls="",
+                         label=f"{label}, $n=512$: {ev[key]:.3g}")
+    axes[0].set(xlabel="logit std $s$", ylabel=r"$\mathbb{E}[H]\,/\,\ln n$", ylim=(0, 1.02))
+    axes[1].set(xlabel="logit std $s$", ylabel=r"$\mathbb{E}[\max_j p_j]$", ylim=(0, 1.02))
+    axes[1].plot([], [], "k:", lw=0.9, label=r"$s_c=\sqrt{2\ln n}$ (colour: $n$)")
+    outside(axes[1])
+    fig.suptitle(r"C9: exact theory, softmax of $n$ i.i.d. $\mathcal{N}(0, s^2)$ logits",
+                 fontsize=11)
+    return save(fig, folder, "c9_entropy", T.rem_alt(ev))
+
+
+def fig_phase(folder: Path) -> Figure:
+    """C9: the theory phase diagram of ``attnscale theory --plot``, entropy over (d_k, n)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = plot_phase_diagram(str(folder / "c9_phase_diagram.png"), grid=24)
+    return {"path": path, "alt": T.phase_alt(phase_summary())}
+
+
+def fig_c10(ev: Evidence, per_n: list[dict[str, Any]], folder: Path) -> Figure:
+    """C10: per-row ‖J‖_F median and quartiles, and the RMS, against s / s_c."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, c in enumerate(ev["curves"]):
+        x = [s / c["s_c"] for s in c["s"]]
+        ax.plot(x, c["median"], color=f"C{i}", label=f"$n = {c['n']}$")
+        ax.fill_between(x, np.maximum(c["q1"], 1e-12), c["q3"], color=f"C{i}", alpha=0.18)
+        ax.plot(x, c["rms"], ls=":", color=f"C{i}")
+    ax.axhline(1e-3, color="grey", ls="--", lw=0.8)
+    handles = [*ax.get_legend_handles_labels()[0],
+               Line2D([], [], color="k", label="median row"),
+               Patch(color="k", alpha=0.18, label="quartiles (middle half of rows)"),
+               Line2D([], [], color="k", ls=":", label=r"RMS $\sqrt{\mathbb{E}\|J\|_F^2}$"),
+               Line2D([], [], color="grey", ls="--", label="$10^{-3}$: vanished")]
+    ax.set(yscale="log", xscale="log", xlabel=r"$s\,/\,s_c$,  $s_c=\sqrt{2\ln n}$",
+           ylabel=r"$\|J\|_F$ per row, $J=\mathrm{diag}(p)-pp^\top$")
+    rows = ev["curves"][0].get("rows")
+    ax.set_title("C10: softmax Jacobian per row, $n$ i.i.d. $\\mathcal{N}(0,s^2)$ logits, "
+                 f"Monte Carlo{f', {rows:,} rows per $s$' if rows else ''}", fontsize=10)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
+    return save(fig, folder, "c10_jacobian", T.c10_alt(ev, per_n))

@@ -65,9 +65,18 @@ def report(
 
 
 def print_verdicts(result: dict[str, Any], preset: str, out: str) -> None:
-    """One row per claim and question: its id, verdict and headline."""
+    """One row per claim (its verdict and headline) and per question (its answer); a smoke
+    test says that its verdicts are not evidence."""
+    smoke = result.get("smoke", False)
     cells = [(c["id"], f"[{VERDICT_COLORS[c['verdict']]}]{c['verdict']}[/]",
-              escape(c["headline"][:160])) for c in result["claims"] + result["questions"]]
-    print_table(f"attnscale report ({preset}) -> {out}/index.html", ("ID", "verdict", "headline"),
+              escape(c["headline"][:160])) for c in result["claims"]]
+    cells += [(q["id"], "answer", escape(q.get("answer", q["headline"])[:160]))
+              for q in result["questions"]]
+    print_table(f"attnscale report ({preset}{', smoke test' if smoke else ''}) -> "
+                f"{out}/index.html", ("ID", "verdict", "headline"),
                 cells, left=("ID", "verdict", "headline"))
-    console.print(f"elapsed {result['elapsed_s']:.0f} s")
+    if smoke:
+        console.print(f"[bold yellow]smoke test:[/] the {preset} preset checks that the report "
+                      "runs end to end; its verdicts are not evidence (run make report)")
+    reused = "" if result.get("runs_trained", 1) else ", every training run reused"
+    console.print(f"elapsed {result['elapsed_s']:.0f} s{reused}")

@@ -137,6 +137,21 @@ class MultiheadSelfAttention(nn.Module):
                 setattr(self, tensor_name, nn.Parameter(value))
             self._tensor_names[name] = tuple(tensors)
 
+    def extra_repr(self) -> str:
+        """What ``print(module)`` shows besides the projections: the score and its settings."""
+        parts = [f"score={self.score!r}", f"d_model={self.d_model}", f"n_heads={self.n_heads}"]
+        if self.n_kv_heads != self.n_heads:
+            parts.append(f"n_kv_heads={self.n_kv_heads}")
+        parts += [f"{k}={v!r}" for k, v in sorted(self.score_params.items())]
+        if self.scale is not None:
+            parts.append(f"scale={self.scale!r}")
+        parts += [f"{k}=True" for k in ("causal", "rotary") if getattr(self, k)]
+        if self.temperature != "fixed":
+            parts.append(f"temperature={self.temperature!r}")
+        if self.learned:
+            parts.append(f"learned={list(self.learned)}")
+        return ", ".join(parts)
+
     def learned_params(self) -> dict[str, Tensor]:
         """The learned score parameters in use, by score parameter name (e.g. ``tau``, ``s``)."""
         sc = get_score(self.score)

@@ -169,9 +169,11 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     return {k: float(np.mean([h[k] for h in heads])) for k in keys}
 
 
-def plot_heatmaps(result: dict[str, Any], folder: str) -> list[str]:
-    """Layer × head heatmaps of logit std, max |logit|, normalized entropy and the entropy drop
-    without 1/√d. Returns the file paths."""
+def plot_heatmaps(result: dict[str, Any], folder: str, dpi: int = 160) -> list[str]:
+    """Layer × head heatmaps of logit std, max |logit|, normalized entropy H/ln n and the
+    entropy the same q, k would give without 1/√d (both entropies on one 0–1 colour scale,
+    so the drop reads directly). Writes ``folder/inspect_heatmaps.png`` at ``dpi`` and
+    returns [its path]."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,21 +181,28 @@ def plot_heatmaps(result: dict[str, Any], folder: str) -> list[str]:
 
     out_dir = Path(folder)
     out_dir.mkdir(parents=True, exist_ok=True)
-    grid = {
-        "logit_std": lambda h: h["logit_std"],
-        "max_abs_logit": lambda h: h["max_abs_logit"],
-        "entropy / ln n": lambda h: h["entropy"] / h["entropy_uniform"],
-        "entropy without 1/√d / ln n": lambda h: h["entropy_unscaled"] / h["entropy_uniform"],
+    grid = {  # title -> (value of one head, colour limits: None = the data's own)
+        "logit std (pre-softmax, after $1/\\sqrt{d}$)": (lambda h: h["logit_std"], None),
+        "max |logit|": (lambda h: h["max_abs_logit"], None),
+        "entropy $H/\\ln n$ (as trained)": (lambda h: h["entropy"] / h["entropy_uniform"],
+                                              (0, 1)),
+        "$H/\\ln n$ without $1/\\sqrt{d}$ (same $q, k$)":
+            (lambda h: h["entropy_unscaled"] / h["entropy_uniform"], (0, 1)),
     }
-    fig, axes = plt.subplots(1, len(grid), figsize=(4.2 * len(grid), 3.4))
-    for ax, (title, fn) in zip(axes, grid.items(), strict=True):
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.6), layout="constrained")
+    for ax, (title, (fn, lim)) in zip(axes.flat, grid.items(), strict=True):
         data = np.array([[fn(h) for h in layer["heads"]] for layer in result["layers"]])
-        im = ax.imshow(data, aspect="auto", cmap="viridis")
-        ax.set(title=title, xlabel="head", ylabel="layer")
-        fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.suptitle(f"{result['model']}: {result['n_tokens']} tokens, {result['n_sentences']} inputs")
-    fig.tight_layout()
+        im = ax.imshow(data, aspect="auto", cmap="viridis",
+                       **({"vmin": lim[0], "vmax": lim[1]} if lim else {}))
+        ax.set_title(title, fontsize=10)
+        ax.set(xlabel="head", ylabel="layer")
+        ax.set_xticks(range(data.shape[1]))
+        ax.set_yticks(range(data.shape[0]))
+        ax.tick_params(labelsize=8)
+        fig.colorbar(im, ax=ax, shrink=0.9)
+    fig.suptitle(f"{result['model']}: attention per layer and head, {result['n_tokens']} tokens "
+                 f"from {result['n_sentences']} inputs", fontsize=11)
     path = out_dir / "inspect_heatmaps.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight", pad_inches=0.08)
     plt.close(fig)
     return [str(path)]
