@@ -207,15 +207,20 @@ def test_softcap_learned_cap_falls_back_and_is_exact():
 
 
 def test_softcap_chunking_is_invisible(monkeypatch):
+    """The chunked fallback (what runs where the native kernel cannot) gives the same numbers
+    in one chunk as in many."""
     A = importlib.import_module("attnscale.core.chunked")
+    N = importlib.import_module("attnscale.core.native")
 
     q, k, v = qkv(nq=40, nk=40, dtype=torch.float64, grad=True)
     mask = masks(nq=40, nk=40)["bool-padding-broadcast"]
-    full = attention(q, k, v, attn_mask=mask, is_causal=True, score="softcap", cap=2.0)
-    g_full = torch.autograd.grad(full.sum(), (q, k, v))
-    monkeypatch.setattr(A, "CHUNK_ELEMENTS", 2 * 4 * 40 * 3)  # three rows per chunk
-    chunked = attention(q, k, v, attn_mask=mask, is_causal=True, score="softcap", cap=2.0)
-    g_chunked = torch.autograd.grad(chunked.sum(), (q, k, v))
+    with N.forced_fallback():
+        full = attention(q, k, v, attn_mask=mask, is_causal=True, score="softcap", cap=2.0)
+        assert N.last_path() == "chunked"
+        g_full = torch.autograd.grad(full.sum(), (q, k, v))
+        monkeypatch.setattr(A, "CHUNK_ELEMENTS", 2 * 4 * 40 * 3)  # three rows per chunk
+        chunked = attention(q, k, v, attn_mask=mask, is_causal=True, score="softcap", cap=2.0)
+        g_chunked = torch.autograd.grad(chunked.sum(), (q, k, v))
     check(chunked, full, torch.float64)
     for a, b in zip(g_chunked, g_full, strict=True):
         check(a, b, torch.float64)

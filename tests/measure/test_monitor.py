@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 import importlib
-import platform
+import types
+import warnings
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from attnscale.core.nn import MultiheadSelfAttention
 from attnscale.measure import native
 from attnscale.measure.monitor import Monitor
 from attnscale.measure.stats import logit_stats
+from attnscale.util import cppext
 
 monitor_module = importlib.import_module("attnscale.measure.monitor")
 
@@ -46,40 +48,53 @@ def bert_inputs():
     return {"input_ids": ids, "attention_mask": mask}
 
 
-# How a monitored SDPA call is answered: SDPA itself (compile=False), the native kernel, or the
-# torch.compile-d Python version (compile=True where the native kernel is not available).
-PATHS = ["sdpa", "native", "inductor"]
+# Which code computes the statistics, and how a monitored SDPA call is answered:
+# native -- the default, Monitor(model): one pass of the native kernel gives output and statistics;
+# python -- compile=False: SDPA itself, the statistics beside it in Python;
+# off -- the default with $ATTNSCALE_NATIVE_ISA=off, the forced fallback: as python;
+# compiled -- compile=True where the native kernel is not available: torch.compile.
+PATHS = ["native", "python", "off", "compiled"]
+COMPILE = {"native": None, "python": False, "off": None, "compiled": True}
+RAN = {"native": "native", "python": "python", "off": "python", "compiled": "compiled"}
 
 
 @pytest.fixture(params=PATHS)
-def path(request, monkeypatch) -> str:
-    """Forces one path, and afterwards checks that the fused pass really answered the calls."""
-    if request.param == "native" and native.fused_kernel() is None:
-        usable = platform.machine().lower() in ("x86_64", "amd64") and (
-            torch.backends.cpu.get_cpu_capability() in native.FLAGS)
-        if usable:  # where the kernel should work, a failed build is a failure, not a skip
-            pytest.fail(f"the native kernel must build here: {native.unavailable_reason()}")
-        pytest.skip(native.unavailable_reason())
-    if request.param == "inductor":
-        monkeypatch.setattr(native, "fused_kernel", lambda: None)
+def path(request, monkeypatch):
+    """Forces one path; afterwards checks that every statistic came from it (Monitor.paths)
+    and that the fused pass answered the SDPA calls iff the path has one."""
+    if request.param == "native":
+        request.getfixturevalue("kernel")  # fails where the kernel must build and did not
+    if request.param == "off":
+        monkeypatch.setattr(native, "_state", {})
+        monkeypatch.setenv(cppext.ENV, "off")
+    if request.param == "compiled":
+        monkeypatch.setattr(native, "fused_kernel", lambda isa=None: None)
     calls = []
     fused = monitor_module._attend_and_measure
     monkeypatch.setattr(monitor_module, "_attend_and_measure",
                         lambda *a: calls.append(1) or fused(*a))
-    yield request.param
-    assert bool(calls) == (request.param != "sdpa"), "the fused pass ran iff compile=True"
+    made: list[Monitor] = []
 
+    def make(model, **kwargs) -> Monitor:
+        mon = Monitor(model, compile=COMPILE[request.param], **kwargs)
+        made.append(mon)
+        return mon
 
-def monitor(model, path: str, **kwargs) -> Monitor:
-    return Monitor(model, compile=path != "sdpa", **kwargs)
+    yield types.SimpleNamespace(name=request.param, monitor=make)
+    assert made and all(set(mon.paths) == {RAN[request.param]} for mon in made), \
+        [dict(mon.paths) for mon in made]
+    assert all(mon.backend == RAN[request.param] for mon in made)
+    assert bool(calls) == (request.param in ("native", "compiled")), "the fused pass ran"
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_hf_bert_output_unchanged(impl):
+    """Bitwise: eager always; sdpa when SDPA itself runs (compile=False)."""
     model, inputs = tiny_bert(impl), bert_inputs()
     with torch.no_grad():
         before = model(**inputs).last_hidden_state
-        with Monitor(model, counterfactuals=True) as mon:
+        compile = None if impl == "eager" else False
+        with Monitor(model, counterfactuals=True, compile=compile) as mon:
             mon.query_mask = inputs["attention_mask"].bool()
             during = model(**inputs).last_hidden_state
         after = model(**inputs).last_hidden_state
@@ -90,15 +105,15 @@ def test_hf_bert_output_unchanged(impl):
 
 
 def test_hf_bert_output_within_rounding_when_fused(path):
-    """compile=True answers SDPA from one fused pass: float rounding, within 1e-6."""
+    """A fused pass answers SDPA within float rounding (1e-6); SDPA itself, bitwise."""
     model, inputs = tiny_bert("sdpa"), bert_inputs()
     with torch.no_grad():
         before = model(**inputs).last_hidden_state
-        with monitor(model, path) as mon:
+        with path.monitor(model) as mon:
             mon.query_mask = inputs["attention_mask"].bool()
             during = model(**inputs).last_hidden_state
     torch.testing.assert_close(during, before, rtol=1e-6, atol=1e-6)
-    if path == "sdpa":
+    if path.name in ("python", "off"):
         assert torch.equal(during, before)
     assert len(mon.stats()) == 2
 
@@ -125,7 +140,7 @@ def test_hf_sdpa_stats_match_eager_output_attentions(path):
     qmask = inputs["attention_mask"].bool()
     with torch.no_grad():
         weights = tiny_bert("eager")(**inputs, output_attentions=True).attentions
-        with monitor(tiny_bert("sdpa"), path) as mon:
+        with path.monitor(tiny_bert("sdpa")) as mon:
             mon.query_mask = qmask
             mon.model(**inputs)
     for s, w in zip(mon.stats().values(), weights, strict=True):
@@ -152,7 +167,7 @@ def test_hf_gqa_sdpa_is_monitored(causal, path):
         eager.load_state_dict(model.state_dict())
         eager.set_attn_implementation("eager")
         weights = eager(ids, attention_mask=mask, output_attentions=True).attentions
-        with monitor(model, path) as mon:
+        with path.monitor(model) as mon:
             mon.query_mask = mask.bool()
             during = model(ids, attention_mask=mask).last_hidden_state
     torch.testing.assert_close(during, before, rtol=1e-6, atol=1e-6)
@@ -176,7 +191,7 @@ def test_gqa_decoding_with_padding_is_monitored(path):
     ids[0, :2] = 0
     with torch.no_grad():
         before = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
-        with monitor(model, path) as mon:
+        with path.monitor(model) as mon:
             during = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
     assert torch.equal(before, during)
     (s,) = mon.stats().values()
@@ -281,25 +296,92 @@ def test_bad_use():
         Monitor(nn.Linear(2, 2)).stats("nope")
 
 
-def test_compiled_statistics_equal_eager():
-    """Monitor(compile=True) fuses the same math with torch.compile: same numbers."""
+def llama_gqa():
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.LlamaModel(cfg).eval()
+
+
+def watched_models():
+    """(name, model, run(model), query mask): every source the monitor reads, with padding."""
+    inputs = bert_inputs()
+    qmask = inputs["attention_mask"].bool()
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(4))
+    pad = torch.ones(2, 8, dtype=torch.long)
+    pad[0, :3] = 0
+    torch.manual_seed(0)
+    module = MultiheadSelfAttention(16, 4, score="cosine", tau=10.0, causal=True)
+    x = torch.randn(2, 7, 16)
+    return [
+        ("bert sdpa (fused pass)", tiny_bert("sdpa"), lambda m: m(**inputs), qmask),
+        ("bert eager (float mask)", tiny_bert("eager"), lambda m: m(**inputs), qmask),
+        ("llama gqa sdpa", llama_gqa(), lambda m: m(ids, attention_mask=pad), pad.bool()),
+        ("attnscale cosine, causal", module, lambda m: m(x), None),
+    ]
+
+
+FIELDS = ("entropy", "max_weight", "effective_keys", "logit_mean", "logit_std", "max_abs_logit",
+          "saturated_fraction", "logsumexp", "z_loss", "entropy_normalized", "rows")
+
+
+def test_every_path_gives_the_same_statistics_and_counterfactuals(path):
+    """The statistics of the model's own scores and of both counterfactuals -- one kernel pass
+    on the native path -- equal the Python code's on every source, with grouped queries,
+    causal masks, padding and a query mask."""
+    for label, model, run, qmask in watched_models():
+        results = {}
+        for which in ("reference", path.name):
+            make = path.monitor if which == path.name else Monitor
+            kwargs = {} if which == path.name else {"compile": False}
+            with torch.no_grad(), make(model, counterfactuals=True, **kwargs) as mon:
+                mon.query_mask = qmask
+                run(model)
+            results[which] = {v: mon.stats(v) for v in ("actual", "dot", "cosine_tau1")}
+        for variant, layers in results["reference"].items():
+            assert len(layers) == len(results[path.name][variant]) > 0
+            for name, want in layers.items():
+                got = results[path.name][variant][name]
+                for field in FIELDS:
+                    np.testing.assert_allclose(getattr(got, field), getattr(want, field),
+                                               rtol=2e-5, atol=2e-6,
+                                               err_msg=f"{label} {variant} {name} {field}")
+                np.testing.assert_allclose(got.jacobian_norm, want.jacobian_norm, atol=1e-3)
+
+
+def test_default_is_native_where_it_builds(kernel):
+    model = tiny_bert("sdpa")
+    assert Monitor(model).backend == "native"
+    assert Monitor(model, compile=False).backend == "python"
+    assert Monitor(model, compile=True).backend == "native"
+    with pytest.raises(TypeError, match="compile"):
+        Monitor(model, compile="yes")
+
+
+def test_a_failed_build_warns_once_and_the_python_path_runs(monkeypatch):
+    """Where the kernel cannot build, the default monitor warns once (the builder's warning),
+    then runs SDPA itself and the Python statistics, call after call."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv(cppext.ENV, "generic")
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: 1 / 0)  # no compiler, say
     model, inputs = tiny_bert("sdpa"), bert_inputs()
-    results = {}
-    for compile in (False, True):
-        with torch.no_grad(), Monitor(model, counterfactuals=True, compile=compile) as mon:
-            mon.query_mask = inputs["attention_mask"].bool()
-            model(**inputs)
-        results[compile] = {v: mon.stats(v) for v in ("actual", "dot", "cosine_tau1")}
-    for variant, layers in results[False].items():
-        for name, eager in layers.items():
-            fused = results[True][variant][name]
-            for field in ("entropy", "max_weight", "effective_keys", "logit_std",
-                          "max_abs_logit", "jacobian_norm", "logsumexp"):
-                np.testing.assert_allclose(getattr(fused, field), getattr(eager, field),
-                                           rtol=1e-5, atol=1e-6, err_msg=f"{variant} {field}")
+    with torch.no_grad():
+        before = model(**inputs).last_hidden_state
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                with Monitor(model, counterfactuals=True) as mon:
+                    during = model(**inputs).last_hidden_state
+                assert torch.equal(during, before)
+                assert set(mon.paths) == {"python"} and mon.backend == "python"
+    assert len([w for w in caught if "attnscale" in str(w.message)]) == 1, [
+        str(w.message) for w in caught]
 
 
-@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("compile", [None, False, True])
 def test_sdpa_path_takes_broadcast_shapes(compile):
     """The monitor's SDPA stand-in accepts what SDPA accepts (3-D queries with 4-D keys, 5-D
     inputs, a batch of 1 broadcast) and records the statistics of the broadcast call."""
@@ -324,7 +406,7 @@ def test_sdpa_path_takes_broadcast_shapes(compile):
         np.testing.assert_allclose(got.logit_std, ref.logit_std, rtol=1e-6)
 
 
-@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("compile", [None, False, True])
 def test_a_query_mask_that_does_not_fit_raises_naming_both_shapes(compile):
     """A mask of the wrong shape used to be skipped silently, counting the padding rows."""
     m = MultiheadSelfAttention(16, 4)

@@ -1,8 +1,11 @@
-"""The native attention-with-statistics kernel against the float64 Python reference and SDPA."""
+"""The native attention-with-statistics kernel against the float64 Python reference and SDPA:
+the attention's own statistics, the counterfactual variants of the same pass (dot, cosine), the
+portable generic build, the one-line build log and the build command."""
 
 from __future__ import annotations
 
-import platform
+import logging
+import types
 
 import pytest
 import torch
@@ -10,19 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnscale.measure import native
+from attnscale.measure.rowstats import head_sums
 from attnscale.measure.stats import SUM_FIELDS, attention_with_sums
+from attnscale.util import cppext
 
-
-@pytest.fixture(scope="module")
-def kernel():
-    usable = platform.machine().lower() in ("x86_64", "amd64") and (
-        torch.backends.cpu.get_cpu_capability() in native.FLAGS)
-    fn = native.fused_kernel()
-    if fn is None:
-        if usable:  # where the kernel should work, a failed build is a failure, not a skip
-            pytest.fail(f"native kernel unavailable: {native.unavailable_reason()}")
-        pytest.skip(native.unavailable_reason())
-    return fn
+JAC = SUM_FIELDS.index("jacobian_norm")
+OTHER = [i for i in range(len(SUM_FIELDS)) if i != JAC]
+# Variants checked with every case: dot at two scales; cosine at τ = 1 (the monitor's), at 8
+# (the largest with a fixed shift) and at 30 (past kFixedShiftMax: a row-max pass first).
+DOTS, TAUS = [1.0, 0.5], [1.0, 8.0, 30.0]
 
 
 def case(seed, b, h, hkv, n, s, d, dv, mask, causal):
@@ -42,6 +41,15 @@ def case(seed, b, h, hkv, n, s, d, dv, mask, causal):
     return q, k, v, keep, causal, rows
 
 
+def visible(q, k, keep, causal):
+    """(B, H, N, S) bool: the keys each query sees."""
+    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    vis = torch.ones(shape, dtype=torch.bool)
+    if causal:
+        vis &= torch.ones(shape[-2:], dtype=torch.bool).tril()
+    return vis if keep is None else vis & keep.expand(shape)
+
+
 def reference(q, k, v, keep, causal, scale, rows):
     """Python version in float64, key/value heads repeated for grouped queries."""
     group = q.shape[1] // k.shape[1]
@@ -49,20 +57,36 @@ def reference(q, k, v, keep, causal, scale, rows):
     return attention_with_sums(q.double(), k, v, keep, causal, scale, rows[:, None, :])
 
 
+def reference_variants(q, k, keep, causal, rows, dots=DOTS, taus=TAUS):
+    """rowstats.head_sums in float64 of s·q·k per dot scale and τ·cos(q, k) per τ."""
+    qd = q.double()
+    kd = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1).double()
+    raw = qd @ kd.transpose(-2, -1)
+    cos = (torch.nn.functional.normalize(qd, dim=-1, eps=native.COSINE_EPS)
+           @ torch.nn.functional.normalize(kd, dim=-1, eps=native.COSINE_EPS).transpose(-2, -1))
+    hidden = ~visible(q, k, keep, causal)
+    return [head_sums(z.masked_fill(hidden, float("-inf")), rows[:, None, :])
+            for z in [s * raw for s in dots] + [t * cos for t in taus]]
+
+
+def assert_sums_close(sums, head_max, want_sums, want_max):
+    """Float32 sums against float64 ones, in the tolerance every path is held to."""
+    assert sums.dtype == torch.float64 and sums.shape == want_sums.shape
+    torch.testing.assert_close(sums[:, OTHER], want_sums[:, OTHER], rtol=2e-5, atol=1e-4)
+    # ‖J‖_F = √(Σp² − 2Σp³ + (Σp²)²) subtracts terms of size 1: from float32 sums a near one-hot
+    # row keeps about √(3e-7) ≈ 6e-4 absolute (the Python float32 path has the same limit).
+    rows_per_head = want_sums[:, SUM_FIELDS.index("rows")]
+    assert torch.all((sums[:, JAC] - want_sums[:, JAC]).abs() <= 1e-3 * rows_per_head + 1e-6)
+    torch.testing.assert_close(head_max, want_max.double(), rtol=1e-5, atol=1e-5)
+
+
 def check(kernel, q, k, v, keep, causal, rows, scale=0.35, sdpa_tol=1e-6):
     out, sums, head_max = kernel(q, k, v, keep, causal, scale, rows)
     want, want_sums, want_max = reference(q, k, v, keep, causal, scale, rows)
     assert out.shape == want.shape and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=2e-6)
-    assert sums.shape == (q.shape[1], len(SUM_FIELDS)) and sums.dtype == torch.float64
-    jac = SUM_FIELDS.index("jacobian_norm")
-    other = [i for i in range(len(SUM_FIELDS)) if i != jac]
-    torch.testing.assert_close(sums[:, other], want_sums[:, other], rtol=2e-5, atol=1e-4)
-    # ‖J‖_F = √(Σp² − 2Σp³ + (Σp²)²) subtracts terms of size 1: from float32 sums a near one-hot
-    # row keeps about √(3e-7) ≈ 6e-4 absolute (the Python float32 path has the same limit).
-    rows_per_head = want_sums[:, SUM_FIELDS.index("rows")]
-    assert torch.all((sums[:, jac] - want_sums[:, jac]).abs() <= 1e-3 * rows_per_head + 1e-6)
-    torch.testing.assert_close(head_max, want_max.double(), rtol=1e-5, atol=1e-5)
+    assert sums.shape == (q.shape[1], len(SUM_FIELDS))
+    assert_sums_close(sums, head_max, want_sums, want_max)
     if keep is None or not causal:  # SDPA takes one of the two
         mask = keep
         if causal:
@@ -73,25 +97,68 @@ def check(kernel, q, k, v, keep, causal, rows, scale=0.35, sdpa_tol=1e-6):
         torch.testing.assert_close(out, sdpa, rtol=sdpa_tol, atol=sdpa_tol)
 
 
+def check_variants(kernel, q, k, v, keep, causal, rows, scale=0.35, with_output=True):
+    """One call with every variant: the output and the own statistics are those of the call
+    without variants (bitwise), each variant's those of the float64 reference."""
+    out0, sums0, max0 = kernel(q, k, v, keep, causal, scale, rows, with_output)
+    out, sums, head_max = kernel(q, k, v, keep, causal, scale, rows, with_output, DOTS, TAUS)
+    assert sums.shape == (1 + len(DOTS) + len(TAUS), q.shape[1], len(SUM_FIELDS))
+    assert head_max.shape == sums.shape[:2]
+    assert torch.equal(out, out0) and torch.equal(sums[0], sums0) and torch.equal(head_max[0], max0)
+    for i, (want_sums, want_max) in enumerate(reference_variants(q, k, keep, causal, rows), 1):
+        assert_sums_close(sums[i], head_max[i], want_sums, want_max)
+
+
+SHAPES = [(2, 4, 4, 37, 37, 32, 32),  # rows not a multiple of the 4-row tile, keys of the vector
+          (1, 6, 2, 5, 70, 8, 24),  # grouped queries, more keys than queries, dv ≠ d
+          (2, 2, 1, 9, 3, 5, 3),  # tiny odd sizes: every tail path
+          (1, 2, 2, 40, 64, 16, 16)]  # keys a multiple of every vector width: no partial vector
+
+
 @pytest.mark.parametrize("mask", [None, "padding", "full"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize(
-    "b, h, hkv, n, s, d, dv",
-    [(2, 4, 4, 37, 37, 32, 32),  # rows not a multiple of the 4-row tile, keys of the vector
-     (1, 6, 2, 5, 70, 8, 24),  # grouped queries, more keys than queries, dv ≠ d
-     (2, 2, 1, 9, 3, 5, 3)],  # tiny odd sizes: every tail path
-)
+@pytest.mark.parametrize("b, h, hkv, n, s, d, dv", SHAPES)
 def test_matches_reference_and_sdpa(kernel, b, h, hkv, n, s, d, dv, mask, causal):
     check(kernel, *case(0, b, h, hkv, n, s, d, dv, mask, causal))
+
+
+@pytest.mark.parametrize("mask", [None, "padding", "full"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b, h, hkv, n, s, d, dv", SHAPES)
+def test_counterfactual_variants_match_rowstats(kernel, b, h, hkv, n, s, d, dv, mask, causal):
+    """Dot and cosine statistics from the same pass, with masks, causal, grouped queries and
+    dropped query rows, equal rowstats.head_sums of the float64 logits; the output and the
+    attention's own statistics do not change."""
+    check_variants(kernel, *case(1, b, h, hkv, n, s, d, dv, mask, causal))
+
+
+@pytest.mark.parametrize("with_output", [True, False])
+def test_variants_without_output_and_zero_vectors(kernel, with_output):
+    """Statistics-only calls give the same sums; a zero query or key (‖·‖ clamped at eps, as
+    F.normalize) has cosine 0 with everything."""
+    q, k, v, keep, causal, rows = case(2, 2, 3, 3, 11, 13, 8, 8, "padding", True)
+    q[0, 1, 3], k[1, 2, 5] = 0.0, 0.0
+    check_variants(kernel, q, k, v, keep, causal, rows, with_output=with_output)
+
+
+def test_variants_need_a_positive_scale(kernel):
+    q, k, v, keep, causal, rows = case(3, 1, 2, 2, 4, 4, 8, 8, None, False)
+    with pytest.raises(RuntimeError, match="positive"):
+        kernel(q, k, v, keep, causal, -0.3, rows, True, [1.0], [])
+    with pytest.raises(RuntimeError, match="positive"):
+        kernel(q, k, v, keep, causal, 0.3, rows, True, [], [0.0])
+    out, sums, _ = kernel(q, k, v, keep, causal, -0.3, rows)  # no variants: any scale
+    assert sums.shape == (2, len(SUM_FIELDS)) and torch.isfinite(out).all()
 
 
 def test_row_with_no_visible_key_gives_zero_and_is_skipped(kernel):
     q, k, v, keep, _, rows = case(1, 1, 2, 2, 4, 6, 8, 8, "full", False)
     keep[0, 1, 2] = False
-    out, sums, _ = kernel(q, k, v, keep, False, 0.5, rows)
+    out, sums, _ = kernel(q, k, v, keep, False, 0.5, rows, True, [1.0], [1.0])
     assert torch.all(out[0, 1, 2] == 0)
     visible_rows = (keep.any(-1) & rows[:, None, :]).sum(dim=(0, 2)).double()
-    torch.testing.assert_close(sums[:, SUM_FIELDS.index("rows")], visible_rows)
+    for variant in sums:  # every variant skips the row too
+        torch.testing.assert_close(variant[:, SUM_FIELDS.index("rows")], visible_rows)
 
 
 def test_output_layout_is_sdpas(kernel):
@@ -112,7 +179,9 @@ def test_property_any_shape(kernel, b, hkv, group, n, s, d, dv, mask, causal, se
     # Against SDPA at 1e-5: for some small shapes SDPA takes its math backend with the exact
     # exp, while the kernel uses the fast exp of SDPA's flash kernel (about 1e-6 relative), so
     # the two can differ by a few 1e-6; both are held to the float64 answer.
-    check(kernel, *case(seed, b, hkv * group, hkv, n, s, d, dv, mask, causal), sdpa_tol=1e-5)
+    inputs = case(seed, b, hkv * group, hkv, n, s, d, dv, mask, causal)
+    check(kernel, *inputs, sdpa_tol=1e-5)
+    check_variants(kernel, *inputs)
 
 
 def test_bad_shapes_are_refused(kernel):
@@ -125,6 +194,20 @@ def test_bad_shapes_are_refused(kernel):
         kernel(q, k, v, keep, causal, 0.3, rows[:, :2])
 
 
+def test_generic_isa_build_matches_the_reference(generic_kernel, record_property, capsys):
+    """The portable build (CPU_CAPABILITY=DEFAULT: ATen's plain C++ vectors, what ARM and
+    CPUs without AVX get) computes the same output and statistics; the test says which path
+    ran."""
+    assert native.isa("generic") == "generic"
+    for mask, causal in [(None, True), ("full", False)]:
+        inputs = case(4, 2, 4, 2, 13, 21, 8, 8, mask, causal)
+        check(generic_kernel, *inputs, sdpa_tol=1e-5)
+        check_variants(generic_kernel, *inputs)
+    record_property("native_path", f"generic build; this machine's default: {native.isa()}")
+    with capsys.disabled():
+        print(f"\n[native path: generic build checked; default build here: {native.isa()}]")
+
+
 def _native_records(caplog):
     return [r for r in caplog.records if r.name == native.__name__]
 
@@ -135,17 +218,15 @@ def test_first_call_logs_one_line_before_building_then_is_silent(
     """One log line, emitted before the build blocks; WARNING (shown without any logging set up)
     when no cached build exists, INFO when one does; nothing on stdout, no warnings, and later
     calls log nothing."""
-    import logging
-    import types
-
     from torch.utils import cpp_extension
 
     caplog.set_level(logging.INFO, logger=native.__name__)
     monkeypatch.setattr(native, "_state", {})
-    monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
+    monkeypatch.delenv(cppext.ENV, raising=False)
+    monkeypatch.setattr(cppext.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    name = "attnscale_attention_with_sums_avx2"
+    name = "attnscale_attention_stats_avx2"
     if cached:
         (tmp_path / name).mkdir()
         (tmp_path / name / f"{name}.so").write_bytes(b"")
@@ -163,6 +244,36 @@ def test_first_call_logs_one_line_before_building_then_is_silent(
     assert name in record.getMessage()
     assert ("loading" if cached else "building") in record.getMessage()
     assert native.fused_kernel() is not None and native.unavailable_reason() is None
+    assert native.isa() == "AVX2"
     assert len(builds) == 1 and len(_native_records(caplog)) == 1  # later calls: silent
     assert capsys.readouterr().out == ""
     assert not [w for w in recwarn if "attnscale" in str(w.message)]
+
+
+def test_build_command_prints_one_line(kernel, capsys):
+    """``python -m attnscale.measure.native --build``: one line naming the build in use."""
+    assert native.main(["--build"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and native.isa() in out and "ready" in out
+    assert native.ensure_built() == out.strip()
+    with pytest.raises(SystemExit):  # --build is the one thing it does
+        native.main([])
+
+
+def test_switched_off_or_failed_build_falls_back(monkeypatch, recwarn):
+    """``$ATTNSCALE_NATIVE_ISA=off``: no build is tried, and the reason says so; a failed
+    build warns once and reports why."""
+    from torch.utils import cpp_extension
+
+    tried = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: tried.append(1) or 1 / 0)
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv(cppext.ENV, "off")
+    assert native.fused_kernel() is None and native.isa() is None and not tried
+    assert "off" in native.unavailable_reason() and "no native" in native.ensure_built()
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv(cppext.ENV, "generic")
+    assert native.fused_kernel() is None and tried == [1]
+    assert "ZeroDivisionError" in native.unavailable_reason()
+    assert native.fused_kernel() is None and tried == [1]  # tried once per process
+    assert len([w for w in recwarn if "did not build" in str(w.message)]) == 1

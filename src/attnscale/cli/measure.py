@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from attnscale.cli.app import app, console, fmt, print_json
 from attnscale.cli.tables import print_table
@@ -13,53 +14,97 @@ from attnscale.measure import inspection as I
 from attnscale.measure import montecarlo
 from attnscale.util.validate import check_input_file, check_output_folder
 
-BENCH_COLUMNS = ("score", "N", "causal", "fwd ms", "fwd+bwd ms", "SDPA ms", "× SDPA", "naive ms",
-                 "naive/ours", "GFLOP/s", "% peak", "peak MB")
+BENCH_COLUMNS = ("score", "N", "causal", "fwd ×SDPA [95% CI]", "fwd+bwd ×SDPA [95% CI]",
+                 "naive ×SDPA [95% CI]", "fwd+bwd ms", "GFLOP/s", "% peak", "peak MB")
+Q, S = B.QUICK, B.STANDARD  # the presets the bench help quotes
 INSPECT_COLUMNS = ("layer", "head", "logit std", "max |logit|", "entropy", "ln n", "max w",
                    "eff. keys", "H without 1/√d", "H cosine τ=1")
 
 
 @app.command()
 def bench(
-    quick: Annotated[bool, typer.Option("--quick", help="N = 1024 only.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print rows as JSON.")] = False,
-    n: Annotated[list[int] | None, typer.Option("--n", help="Sequence lengths.")] = None,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help=f"N = {Q['n_values'][0]}, B = {Q['batch']}, {Q['repeats']} repeats per "
+        "cell, no naive formula.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
+    n: Annotated[list[int] | None, typer.Option(
+        "--n", help=escape(f"Sequence lengths. [default: {' '.join(map(str, S['n_values']))}; "
+                           f"{Q['n_values'][0]} with --quick]"))] = None,
     score: Annotated[
         list[str] | None, typer.Option("--score", help="Scores (default all).")
     ] = None,
-    repeats: Annotated[int, typer.Option(min=1, help="Timed calls per measurement.")] = 3,
-    no_naive: Annotated[bool, typer.Option("--no-naive", help="Skip the naive baseline.")] = False,
+    repeats: Annotated[int | None, typer.Option(
+        min=2, help=escape(f"Interleaved repeats per cell. [default: {S['repeats']}; "
+                           f"{Q['repeats']} with --quick]"))] = None,
+    naive: Annotated[bool | None, typer.Option(
+        "--naive/--no-naive", help=escape("Time the naive formula too. [default: yes; no with "
+                                          "--quick]"))] = None,
+    threads: Annotated[int | None, typer.Option(
+        min=1, help=escape("Torch threads for the run. [default: torch's]"))] = None,
 ) -> None:
-    """Time every score against PyTorch SDPA and the naive formula (B=8, H=8, D=64, float32)."""
-    n_values = n or ([1024] if quick else [256, 1024, 2048])
+    """Time every score against PyTorch SDPA (B=8, or 4 with --quick; H=8, D=64, float32):
+    forward, forward+backward and the naive formula's forward+backward, each a ratio with a
+    95% interval from interleaved repeats. Each block starts with the noise floor, SDPA
+    against itself."""
+    preset = B.QUICK if quick else B.STANDARD
+    n_values = n or list(preset["n_values"])
     if any(v < 1 for v in n_values):
         raise ValueError(f"--n must be positive, got {n_values}")
     with console.status("benchmarking") as status:
         rows, facts = B.run(
             n_values=n_values,
             scores=score,
-            repeats=repeats,
-            naive=not no_naive,
+            batch=preset["batch"],
+            repeats=repeats or preset["repeats"],
+            naive=preset["naive"] if naive is None else naive,
+            naive_repeats=preset["naive_repeats"],
+            threads=threads,
             progress=lambda msg: status.update(f"benchmarking {msg}"),
         )
     if as_json:
-        print_json([r.to_dict() for r in rows])
+        print_json(B.to_record(rows, facts))
     else:
         print_bench_table(rows, facts)
 
 
+def interval_cell(c: dict | None) -> str:
+    """A ratio cell as "1.03 [0.99, 1.07]" (ratio, 95% interval), or "-" when absent; values
+    of 100 or more in 3 significant digits (a 2-repeat interval can reach 1e+06)."""
+    if c is None:
+        return "-"
+
+    def num(x: float | None) -> str:
+        return fmt(x, ".2f" if x is None or x < 100 else ".3g")
+
+    return f"{num(c['ratio'])} [{num(c['lo'])}, {num(c['hi'])}]"
+
+
+def repeats_text(counts: set[int]) -> str:
+    """"5", or "3–5" when the cells ran different numbers of repeats."""
+    return str(min(counts)) if len(counts) == 1 else f"{min(counts)}–{max(counts)}"
+
+
 def print_bench_table(rows: list, facts: dict) -> None:
-    """The benchmark rows as a rich table on stdout."""
-    title = (f"attention vs SDPA, fwd+bwd, float32, matmul peak "
-             f"{facts['matmul_peak_gflops']:.0f} GFLOP/s")
+    """The benchmark rows as a table on stdout; the title says the shape and the repeats. The
+    naive column is left out when no row has a naive cell (``--no-naive``, ``--quick``)."""
+    cfg = facts["config"]
+    timed = repeats_text({r.fwd["repeats"] for r in rows} | {r.fwdbwd["repeats"] for r in rows})
+    naive = {r.naive["repeats"] for r in rows if r.naive is not None}
+    naive_note = f" ({repeats_text(naive)} for naive)" if naive else ""
+    title = (f"time ÷ SDPA with 95% CI, {timed} interleaved repeats per cell{naive_note}; "
+             f"B={cfg['batch']} H={cfg['heads']} D={cfg['head_dim']} float32, "
+             f"threads={cfg['threads']}; first row of each block: noise floor (SDPA ÷ SDPA); "
+             f"matmul peak {facts['matmul_peak_gflops']:.0f} GFLOP/s")
     cells = [
-        (r.score, str(r.n), "yes" if r.causal else "no", f"{r.fwd_ms:.1f}",
-         f"{r.fwdbwd_ms:.1f}", f"{r.sdpa_fwdbwd_ms:.1f}", f"{r.ratio_fwdbwd:.2f}",
-         fmt(r.naive_fwdbwd_ms, ".0f"), fmt(r.ratio_naive, ".2f"), f"{r.gflops:.1f}",
+        ("SDPA (noise floor)" if r.noise_floor else r.score, str(r.n),
+         "yes" if r.causal else "no", interval_cell(r.fwd), interval_cell(r.fwdbwd),
+         interval_cell(r.naive), f"{r.fwdbwd['ms']:.1f}", f"{r.gflops:.1f}",
          f"{100 * r.peak_fraction:.0f}", fmt(r.peak_mem_mb, ".0f"))
         for r in rows
     ]
-    print_table(title, BENCH_COLUMNS, cells, left=("score",))
+    keep = [i for i, col in enumerate(BENCH_COLUMNS) if naive or not col.startswith("naive")]
+    print_table(title, [BENCH_COLUMNS[i] for i in keep], [[c[i] for i in keep] for c in cells],
+                left=("score",))
 
 
 @app.command()

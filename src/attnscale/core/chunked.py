@@ -2,7 +2,9 @@
 
 The kernel computes softmax(mod(s·q·kᵀ) + mask)·V one (b, H, chunk, Nk) block at a time and
 recomputes the blocks in the backward pass, so memory is O(chunk·Nk) instead of O(Nq·Nk). On
-CUDA the same score runs on FlexAttention (``torch.nn.attention.flex_attention``).
+CUDA the same score runs on FlexAttention (``torch.nn.attention.flex_attention``). A score that
+names a native CPU kernel (``Score.native``) runs on it when it covers the inputs
+(:mod:`attnscale.core.native`); the chunked kernel is its fallback.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from torch import Tensor
 
 from attnscale.core.inputs import expand_key_head_params
+from attnscale.core.native import native_attention, note_path
 from attnscale.core.reference import materialized_attention
 from attnscale.core.scores import Context, Params, Score
 
@@ -22,8 +25,6 @@ from attnscale.core.scores import Context, Params, Score
 # fastest of 2^20..2^24 at B=8, H=8, N=1024 on the 2-core CI machine (`attnscale bench`).
 CHUNK_ELEMENTS = 1 << 21
 CAUSAL_ROWS = 128  # query rows per block under is_causal
-
-
 
 
 def modded_attention(
@@ -38,6 +39,10 @@ def modded_attention(
     scale: float | None,
     ctx: Context,
 ) -> Tensor:
+    """softmax(mod(s·q·kᵀ) + mask)·V for a score with a ``mod``, on the first path that covers
+    the inputs: the materialized formula (dropout, learned parameters, a mask with a gradient,
+    no keys), FlexAttention (CUDA), the score's native kernel, else the chunked kernel.
+    :func:`attnscale.core.native.last_path` names the path taken."""
     learned = any(isinstance(p, Tensor) and p.requires_grad for p in params.values())
     mask_grad = mask is not None and mask.requires_grad
     if dropout_p > 0.0 or learned or mask_grad or k.shape[-2] == 0:
@@ -53,9 +58,17 @@ def modded_attention(
             sc, cast, q.to(work), k.to(work), v.to(work), mask, dropout_p, is_causal, scale,
             k.shape[1] != q.shape[1],
         )
+        note_path("materialized")
         return out.to(q.dtype)
     if q.is_cuda and _flex_available():
+        note_path("flex")
         return flex_modded_attention(sc, params, q, k, v, mask, is_causal, scale)
+    if sc.native is not None:  # the score's own native kernel, when it covers these inputs
+        out = native_attention(sc.native, params, q, k, v, mask, is_causal, scale)
+        if out is not None:
+            note_path("native")
+            return out
+    note_path("chunked")
     if k.shape[1] != q.shape[1]:
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)

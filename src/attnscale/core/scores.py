@@ -101,6 +101,7 @@ class Score:
     # Optional factor the chunked kernel folds into the (c, D) queries so that ``mod`` receives
     # z·prescale: one pass over the (c, N) block fewer. mod_grad stays d mod/dz of the plain z.
     prescale: Callable[[Params], Any] | None = None
+    native: str | None = None  # its CPU kernel in attnscale.core.native.KERNELS, if it has one
     label: str = ""  # plain text for tables and selectors; defaults to the name
     tex: str = ""  # matplotlib mathtext for figures; defaults to the label
     learnable: Mapping[str, Learned] = field(default_factory=dict)  # by parametrization name
@@ -403,6 +404,7 @@ register(
         mod=_softcap_mod,
         mod_grad=_softcap_mod_grad,
         prescale=_softcap_prescale,
+        native="softcap",
     )
 )
 

@@ -1,18 +1,48 @@
-"""Kernel benchmark: every score against PyTorch SDPA and the naive materialized formula.
+"""Kernel benchmark: every score's time against PyTorch SDPA, as ratios with 95% intervals.
 
-All three are timed in the same process and the same run, interleaved, so the reported *ratios*
-are meaningful on a shared machine even when absolute times are not. Each time is the minimum
-over ``repeats`` calls (the least disturbed one).
+Every cell is a ratio time(A) / time(SDPA) measured in the same process by
+:func:`attnscale.measure.overhead.measure_ratio`: interleaved repeats in A B, B A order (the
+order alternates every repeat, so a linear drift of the machine's speed cancels within each pair
+of repeats), one block of calls of each function per repeat, and with per-repeat ratios r_i the
+geometric mean and its Student-t interval
+
+    ratio = exp(m),  m = mean(ln r_i),  95% interval exp(m ± t_{0.975, n−1} · s / √n).
+
+A row has three cells: the score's forward pass (no autograd graph) against SDPA's, its
+forward+backward against SDPA's, and the naive materialized formula's forward+backward against
+SDPA's (the score's plain formula with the full (N, N) matrix; ``naive=False`` skips it). Every
+(N, causal) block starts with a *noise-floor* row: SDPA against SDPA (identical work, separate
+tensors and closures) by the same procedure. Its interval should straddle 1.00; its width is how
+far apart two identical kernels read on this machine in this run, the resolution of every other
+cell in the block. A cell runs exactly ``repeats`` repeats (``naive_repeats`` for the naive
+cell; at least 2, since an interval needs two) unless ``budget_s`` runs out first; ``converged``
+says whether the interval's relative half-width came within ``target`` anyway.
 
 FLOP convention (model FLOPs, recomputation not counted): the forward pass is two matmuls,
 4·B·H·Nq·Nk·D FLOPs (half of that under ``is_causal``); the backward pass is four matmuls, twice
-the forward, so forward+backward is 3× the forward. ``peak_fraction`` divides the achieved rate by
-this machine's float32 matmul rate, measured in the same run on a large square matmul.
+the forward, so forward+backward is 3× the forward. ``gflops`` divides that by the median
+forward+backward time; ``peak_fraction`` divides it by this machine's float32 matmul rate,
+measured on a large square matmul before and after the timings (the better reading). Both are
+absolute rates, so unlike the ratios they drop when other work shares the machine.
 
 Peak memory is the growth of the process's resident set (Linux VmHWM, reset before each
 measurement) during one forward+backward, taken after the timings with glibc told to serve every
 allocation of 64 KiB or more by mmap and to return freed memory at once; otherwise freed heap
 pages are reused without growing the resident set and the growth reads 0.
+
+Record (:func:`to_record`, what ``attnscale bench --json`` prints; JSON-ready)::
+
+    {"rows": [{"score", "noise_floor", "n", "causal",
+               "fwd": cell, "fwdbwd": cell, "naive": cell or None,
+               "gflops", "peak_fraction", "peak_mem_mb", "naive_peak_mem_mb"}],
+     "config": {"batch", "heads", "head_dim", "n_values", "causal_values", "scores", "dtype",
+                "threads", "repeats", "naive_repeats", "target", "budget_s", "block_s",
+                "level", "order"},
+     "matmul_peak_gflops", "versions", "git_rev", "machine", "seconds"}
+
+with cell = {"ratio", "lo", "hi", "repeats", "ms", "sdpa_ms", "half_width", "se_log",
+"converged", "target", "calls_per_block", "seconds"} (``ms`` and ``sdpa_ms``: median per-call
+times). The noise-floor row has score "sdpa", noise_floor true and no naive cell.
 """
 
 from __future__ import annotations
@@ -25,12 +55,28 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from attnscale.core.attention import attention, materialized_attention
 from attnscale.core.scores import SCORES, get_score, resolve_params
+from attnscale.measure.overhead import RatioEstimate, measure_ratio
+from attnscale.util.provenance import git_revision, machine, versions
+from attnscale.util.validate import check_float, check_int
+
+# Quick: the issue's target shape (B = 4, H = 8, D = 64, N = 1024), few repeats, no naive formula
+# (it took over a third of the time); standard: three lengths at B = 8, every cell. Both give
+# intervals; quick's are wider.
+QUICK: dict[str, Any] = {"n_values": (1024,), "batch": 4, "repeats": 5, "naive": False,
+                         "naive_repeats": 3}
+STANDARD: dict[str, Any] = {"n_values": (256, 1024, 2048), "batch": 8, "repeats": 8,
+                            "naive": True, "naive_repeats": 3}
+FLOOR = "sdpa"  # the score name of the noise-floor row
+
+QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def bench_params(score: str) -> dict[str, float]:
@@ -41,24 +87,30 @@ def bench_params(score: str) -> dict[str, float]:
 
 @dataclass
 class BenchRow:
+    """One score at one (N, causal): three ratio cells against SDPA (see the module docstring)."""
+
     score: str
+    noise_floor: bool
     n: int
     causal: bool
-    fwd_ms: float
-    fwdbwd_ms: float
-    sdpa_fwd_ms: float
-    sdpa_fwdbwd_ms: float
-    naive_fwdbwd_ms: float | None
-    ratio_fwd: float
-    ratio_fwdbwd: float
-    ratio_naive: float | None  # naive / ours: how much faster than the materialized formula
+    fwd: dict[str, Any]
+    fwdbwd: dict[str, Any]
+    naive: dict[str, Any] | None
     gflops: float
-    peak_fraction: float
-    peak_mem_mb: float | None
-    naive_peak_mem_mb: float | None
+    peak_fraction: float | None = None  # set once the run's matmul peak is known
+    peak_mem_mb: float | None = None
+    naive_peak_mem_mb: float | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def cell(est: RatioEstimate) -> dict[str, Any]:
+    """A ratio estimate as a benchmark cell (the keys the module docstring lists)."""
+    return {"ratio": est.ratio, "lo": est.lo, "hi": est.hi, "repeats": est.n, "ms": est.ms,
+            "sdpa_ms": est.baseline_ms, "half_width": est.half_width, "se_log": est.se_log,
+            "converged": est.converged, "target": est.target, "calls_per_block": est.number,
+            "seconds": est.seconds}
 
 
 def matmul_peak_gflops(size: int = 2048, repeats: int = 5) -> float:
@@ -75,125 +127,165 @@ def attention_flops(b: int, h: int, n: int, d: int, causal: bool, backward: bool
 
 
 def run(
-    n_values: Iterable[int] = (256, 1024, 2048),
+    n_values: Iterable[int] = STANDARD["n_values"],
     causal_values: Iterable[bool] = (False, True),
     scores: Iterable[str] | None = None,
-    batch: int = 8,
+    batch: int = STANDARD["batch"],
     heads: int = 8,
     head_dim: int = 64,
-    repeats: int = 3,
+    repeats: int = STANDARD["repeats"],
     naive: bool = True,
+    naive_repeats: int = STANDARD["naive_repeats"],
+    *,
+    target: float = 0.02,
+    budget_s: float = 120.0,
+    block_s: float = 0.015,
+    level: float = 0.95,
+    threads: int | None = None,
     progress: Callable[[str], None] | None = None,
-) -> tuple[list[BenchRow], dict]:
-    """Benchmark ``scores`` (all registered by default) in float32 on CPU.
+) -> tuple[list[BenchRow], dict[str, Any]]:
+    """Benchmark ``scores`` (all registered by default) against SDPA in float32 on CPU.
 
-    Returns the rows and a dict of run facts (matmul peak, settings).
+    Returns the rows (a noise-floor row first in every (N, causal) block) and the run facts:
+    everything :func:`to_record` puts beside the rows. ``repeats`` and ``naive_repeats`` are
+    raised to 2; ``budget_s`` caps one cell; ``threads`` sets torch's thread count for the run
+    (default: leave it). QUICK and STANDARD hold the presets ``attnscale bench`` uses.
     """
+    start = time.perf_counter()
+    ns = [check_int("n_values", n) for n in n_values]
+    causals = [bool(c) for c in causal_values]
     scores = sorted(SCORES) if scores is None else list(scores)
     for s in scores:
         get_score(s)
-    peak = matmul_peak_gflops()
-    rows, memory_calls = [], []
-    for n in n_values:
-        for causal in causal_values:
-            inputs = _inputs(batch, heads, n, head_dim)
-            for score in scores:
+    dims = {"batch": check_int("batch", batch), "heads": check_int("heads", heads),
+            "head_dim": check_int("head_dim", head_dim)}
+    common = {"target": check_float("target", target, low=0.0),
+              "budget_s": check_float("budget_s", budget_s, low=0.0),
+              "block_s": check_float("block_s", block_s, low=0.0, low_inclusive=True),
+              "level": check_float("level", level, low=0.0, high=1.0)}
+    timing, naive_timing = (_fixed_repeats(name, r, common) for name, r in
+                            (("repeats", repeats), ("naive_repeats", naive_repeats)))
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(check_int("threads", threads))
+    try:
+        first = matmul_peak_gflops()
+        rows = _time_rows(ns, causals, scores, dims, timing, naive_timing if naive else None,
+                          progress)
+        # the better of two readings: one taken while other work loads the machine reads low
+        peak = max(first, matmul_peak_gflops())
+        used = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(old_threads)
+    for row in rows:
+        row.peak_fraction = row.gflops / peak
+    config = {**dims, "n_values": ns, "causal_values": causals, "scores": scores,
+              "dtype": "float32", "threads": used, "repeats": timing["min_repeats"],
+              "naive_repeats": naive_timing["min_repeats"] if naive else None, **common,
+              "order": "interleaved, A B then B A"}
+    return rows, {"config": config, "matmul_peak_gflops": peak, "versions": versions(),
+                  "git_rev": git_revision(), "machine": machine(),
+                  "seconds": time.perf_counter() - start}
+
+
+def to_record(rows: Iterable[BenchRow], facts: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-ready record of a run: {"rows": [...], **facts} (see the module docstring)."""
+    return {"rows": [r.to_dict() for r in rows], **facts}
+
+
+def _fixed_repeats(name: str, repeats: int, common: dict[str, float]) -> dict[str, Any]:
+    """measure_ratio's options for exactly ``repeats`` repeats (raised to 2: an interval needs
+    two); ``target`` then only says whether the interval came within it."""
+    count = max(2, check_int(name, repeats))
+    return {**common, "min_repeats": count, "max_repeats": count}
+
+
+def _time_rows(ns: list[int], causals: list[bool], scores: list[str], dims: dict, timing: dict,
+               naive_timing: dict | None,
+               progress: Callable[[str], None] | None) -> list[BenchRow]:
+    """Every row, block by block (one (q, k, v) per (N, causal)), then their peak memory."""
+    rows, kernels = [], []
+    for n in ns:
+        for causal in causals:
+            inputs = _inputs(dims["batch"], dims["heads"], n, dims["head_dim"])
+            for score in [None, *scores]:  # None: the noise floor
                 if progress:
-                    progress(f"{score} n={n} causal={causal}")
-                row, calls = _bench_one(score, inputs, causal, repeats, naive, peak)
+                    progress(f"{score or 'noise floor'} n={n} causal={causal}")
+                row, used = _bench_one(score, inputs, causal, timing, naive_timing)
                 rows.append(row)
-                memory_calls.append(calls)
-    # Memory last: the allocator settings of _exact_rss would slow every later timing.
-    with _exact_rss() as trim:
-        for row, (ours, slow) in zip(rows, memory_calls, strict=True):
-            row.peak_mem_mb = _peak_rss_growth_mb(ours, trim)
-            row.naive_peak_mem_mb = None if slow is None else _peak_rss_growth_mb(slow, trim)
-    facts = {
-        "matmul_peak_gflops": peak,
-        "batch": batch,
-        "heads": heads,
-        "head_dim": head_dim,
-        "dtype": "float32",
-        "threads": torch.get_num_threads(),
-        "repeats": repeats,
-    }
-    return rows, facts
+                kernels.append(used)
+    _measure_memory(rows, kernels)
+    return rows
 
 
-def _inputs(b: int, h: int, n: int, d: int) -> tuple[torch.Tensor, ...]:
+def _inputs(b: int, h: int, n: int, d: int) -> QKV:
     g = torch.Generator().manual_seed(0)
-    return tuple(torch.randn(b, h, n, d, generator=g).requires_grad_() for _ in range(3))
+    q, k, v = (torch.randn(b, h, n, d, generator=g) for _ in range(3))
+    return q, k, v
 
 
-def _bench_one(score, inputs, causal, repeats, naive, peak) -> tuple[BenchRow, tuple]:
-    """One row of timings, and the (ours, naive) forward+backward calls for the memory pass."""
-    q, k, v = inputs
-    b, h, n, d = q.shape
+def _sdpa(causal: bool) -> Kernel:
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def _ours(score: str, causal: bool) -> Kernel:
     params = bench_params(score)
-    ours = _calls(lambda: _attention(q, k, v, causal, score, params), inputs)
-    sdpa = _calls(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), inputs)
-    times = _interleaved({"ours": ours, "sdpa": sdpa}, repeats)
-    naive_ms = slow = None
-    if naive:
-        sc = get_score(score)
-        rp = resolve_params(sc, params, None)
-        slow = _calls(
-            lambda: materialized_attention(sc, rp, q, k, v, None, 0.0, causal, None, False), inputs
-        )
-        naive_ms = _best_time(slow["fwdbwd"], max(1, repeats - 1)) * 1e3
-    fwdbwd_ms = times["ours"]["fwdbwd"]
-    gflops = attention_flops(b, h, n, d, causal, backward=True) / (fwdbwd_ms / 1e3) / 1e9
-    row = BenchRow(
-        score=score,
-        n=n,
-        causal=causal,
-        fwd_ms=times["ours"]["fwd"],
-        fwdbwd_ms=fwdbwd_ms,
-        sdpa_fwd_ms=times["sdpa"]["fwd"],
-        sdpa_fwdbwd_ms=times["sdpa"]["fwdbwd"],
-        naive_fwdbwd_ms=naive_ms,
-        ratio_fwd=times["ours"]["fwd"] / times["sdpa"]["fwd"],
-        ratio_fwdbwd=fwdbwd_ms / times["sdpa"]["fwdbwd"],
-        ratio_naive=None if naive_ms is None else naive_ms / fwdbwd_ms,
-        gflops=gflops,
-        peak_fraction=gflops / peak,
-        peak_mem_mb=None,
-        naive_peak_mem_mb=None,
-    )
-    return row, (ours["fwdbwd"], None if slow is None else slow["fwdbwd"])
+    return lambda q, k, v: attention(q, k, v, is_causal=causal, score=score, **params)
 
 
-def _attention(q, k, v, causal, score, params):
-    return attention(q, k, v, is_causal=causal, score=score, **params)
+def _naive(score: str, causal: bool) -> Kernel:
+    sc = get_score(score)
+    rp = resolve_params(sc, bench_params(score), None)
+    return lambda q, k, v: materialized_attention(sc, rp, q, k, v, None, 0.0, causal, None,
+                                                  False)
 
 
-def _calls(fn: Callable[[], torch.Tensor], inputs) -> dict[str, Callable[[], None]]:
-    """Forward-only (no graph) and forward+backward closures around ``fn``."""
+def _bench_one(score: str | None, inputs: QKV, causal: bool, timing: dict,
+               naive_timing: dict | None) -> tuple[BenchRow, tuple]:
+    """One row: ``score`` (None: SDPA itself, the noise floor) against SDPA, three cells; and
+    the (kernel, naive kernel or None, inputs) that the memory pass reruns."""
+    kernel = _sdpa(causal) if score is None else _ours(score, causal)
+    ours, sdpa = _calls(kernel, inputs), _calls(_sdpa(causal), inputs)
+    fwd = cell(measure_ratio(ours["fwd"], sdpa["fwd"], **timing))
+    fwdbwd = cell(measure_ratio(ours["fwdbwd"], sdpa["fwdbwd"], **timing))
+    slow = naive = None
+    if naive_timing is not None and score is not None:
+        slow = _naive(score, causal)
+        naive = cell(measure_ratio(_calls(slow, inputs)["fwdbwd"], sdpa["fwdbwd"],
+                                   **naive_timing))
+    b, h, n, d = inputs[0].shape
+    gflops = attention_flops(b, h, n, d, causal, backward=True) / (fwdbwd["ms"] / 1e3) / 1e9
+    row = BenchRow(score=score or FLOOR, noise_floor=score is None, n=n, causal=causal, fwd=fwd,
+                   fwdbwd=fwdbwd, naive=naive, gflops=gflops)
+    return row, (kernel, slow, inputs)
+
+
+def _calls(kernel: Kernel, inputs: QKV) -> dict[str, Callable[[], None]]:
+    """Forward-only (no graph) and forward+backward closures of ``kernel`` on its own copies of
+    (q, k, v), so that two closures never share tensors or gradients."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
 
     def fwd() -> None:
         with torch.no_grad():
-            fn()
+            kernel(*leaves)
 
     def fwdbwd() -> None:
-        for t in inputs:
+        for t in leaves:
             t.grad = None
-        out = fn()
+        out = kernel(*leaves)
         out.backward(torch.ones_like(out))
 
     return {"fwd": fwd, "fwdbwd": fwdbwd}
 
 
-def _interleaved(groups: dict[str, dict[str, Callable]], repeats: int) -> dict:
-    """Best time in ms of each call, alternating between the groups every repeat."""
-    best = {g: {c: float("inf") for c in calls} for g, calls in groups.items()}
-    for g in groups.values():  # warm-up
-        for call in g.values():
-            call()
-    for _ in range(repeats):
-        for name, calls in groups.items():
-            for c, call in calls.items():
-                best[name][c] = min(best[name][c], _best_time(call, 1) * 1e3)
-    return best
+def _measure_memory(rows: list[BenchRow], kernels: list[tuple]) -> None:
+    """Peak memory of each row's forward+backward (and the naive formula's), after every
+    timing: the allocator settings of _exact_rss would slow every later timing."""
+    with _exact_rss() as trim:
+        for row, (kernel, slow, inputs) in zip(rows, kernels, strict=True):
+            row.peak_mem_mb = _peak_rss_growth_mb(_calls(kernel, inputs)["fwdbwd"], trim)
+            if slow is not None:
+                row.naive_peak_mem_mb = _peak_rss_growth_mb(_calls(slow, inputs)["fwdbwd"], trim)
 
 
 def _best_time(fn: Callable[[], object], repeats: int) -> float:

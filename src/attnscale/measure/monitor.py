@@ -6,6 +6,7 @@
     mon.stats()           # {layer name: AttentionStats of the scores the model really used}
     mon.stats("dot")      # the same attention recomputed without the 1/√d factor
     mon.flat_stats()      # {"encoder.layer.0.attention.self/entropy": 1.93, ...} for loggers
+    mon.paths             # Counter({"native": 24}): which code computed the statistics
 
 What is captured, in TransformerLens terms: the statistics are of ``attn_scores`` -- the
 pre-softmax logits after scaling and masking -- and of the ``pattern`` softmax(attn_scores) they
@@ -28,15 +29,31 @@ Sources, and what happens to the model's output:
     unchanged.
   - ``sdpa``: transformers' sdpa function runs, and its call to
     ``F.scaled_dot_product_attention`` is answered by :meth:`Monitor.sdpa`, so the statistics
-    are of SDPA's real arguments. By default SDPA itself runs (bitwise unchanged) and the
-    logits are computed a second time for the statistics. With ``compile=True`` one pass gives
-    both the output and the statistics: attnscale's native kernel
-    (:mod:`attnscale.measure.native`, float32 on x86), else the ``torch.compile``-d
-    :func:`attnscale.measure.rowstats.attention_with_sums`.
-    The output then equals SDPA's to float rounding (tests hold it within 1e-6; the native
-    kernel follows SDPA's CPU kernel step by step and matched it bitwise on MiniLM).
+    are of SDPA's real arguments. Where it can, one pass of attnscale's native kernel
+    (:mod:`attnscale.measure.native`, float32 on the CPU) gives both the output and the
+    statistics -- of the model's own scores and of the counterfactuals -- reading q and k once.
+    The output then equals SDPA's to float rounding (tests hold it within 1e-6; the kernel
+    follows SDPA's CPU kernel step by step and matched it bitwise on MiniLM). Elsewhere SDPA
+    itself runs (bitwise unchanged) and the logits are computed a second time.
 
-Counterfactuals (``counterfactuals=True``) recompute the statistics as if the model had used
+Which code computes the statistics (``compile``, and :attr:`Monitor.backend`):
+
+* ``None`` (default): the native kernel where it applies (float32 on the CPU, a bool mask or
+  none), else the Python code (:class:`attnscale.measure.stats.StatsAccumulator`). The kernel is
+  built once per machine (about 30 s, then cached; ``python -m attnscale.measure.native --build``
+  does it ahead of use) on the first monitored call; where it cannot build, one warning says so
+  and the Python code runs. ``$ATTNSCALE_NATIVE_ISA=off`` switches it off.
+* ``True``: a fused pass for every call it can reproduce: the native kernel, else the
+  ``torch.compile``-d :func:`attnscale.measure.rowstats.attention_with_sums` (compiled on first
+  use, a few seconds with a warm cache).
+* ``False``: SDPA itself and the Python statistics, always.
+
+On all-MiniLM-L6-v2 (8 × 128 and 8 × 512 tokens, every call sampled, 2 CPU cores) a monitored
+forward pass takes 0.90–0.99× the time of a plain one by default -- the kernel's pass is
+quicker than SDPA's at these shapes --, 0.98–1.04× with counterfactuals, 1.5–2.7× with
+``compile=False`` (``benchmarks/monitor_overhead.py``; ``benchmarks/recorded/``).
+
+Counterfactuals (``counterfactuals=True``) are the statistics as if the model had used
 another score on the same q and k: ``dot`` (no 1/√d factor) and ``cosine`` at τ = 1.
 """
 
@@ -45,6 +62,7 @@ from __future__ import annotations
 import itertools
 import sys
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +73,7 @@ from torch.overrides import TorchFunctionMode
 
 from attnscale.core.inputs import check_inputs
 from attnscale.core.nn import MultiheadSelfAttention
+from attnscale.measure import monitor_calls as calls
 from attnscale.measure import native
 from attnscale.measure.rowstats import attention_with_sums, maybe_compiled
 from attnscale.measure.stats import AttentionStats, StatsAccumulator, check_query_mask, flat_means
@@ -64,7 +83,14 @@ COUNTERFACTUALS: dict[str, dict[str, Any]] = {
     "dot": {"score": "dot"},
     "cosine_tau1": {"score": "cosine", "tau": 1.0},
 }
+# The same counterfactuals as variants of the native kernel: ("dot", s) has logits s·q·k,
+# ("cosine", τ) τ·cos(q, k) (attnscale.measure.native.fused_kernel).
+NATIVE_COUNTERFACTUALS: dict[str, tuple[str, float]] = {
+    "dot": ("dot", 1.0),
+    "cosine_tau1": ("cosine", 1.0),
+}
 ACTUAL = "actual"
+BACKENDS = ("native", "compiled", "python")
 _HF_NAME = "attnscale_monitor"
 _ids = itertools.count()
 
@@ -78,33 +104,44 @@ class Monitor:
             is watched through its attention interface.
         counterfactuals: also record the statistics under the scores in :data:`COUNTERFACTUALS`.
         every: record one call in ``every`` per layer (1 = every call).
-        compile: answer SDPA calls with one fused pass (see the module docstring), and take
-            the other statistics (counterfactuals, other sources) from the native kernel's
-            statistics-only pass or ``torch.compile`` (:class:`StatsAccumulator`). On MiniLM
-            this takes the cost of watching every call from 30-55% of a forward pass to about
-            1%, 17% with counterfactuals (``benchmarks/monitor_overhead.py``). The native kernel
-            builds once per machine (about 30 s, then cached); ``torch.compile`` compiles on
-            first use (a few seconds with a warm inductor cache, longer cold). Off by default so
-            that short runs pay nothing up front.
+        compile: which code computes the statistics (module docstring): None (default) the
+            native kernel where it applies, else Python; True forces a fused pass (native, else
+            ``torch.compile``); False forces SDPA plus the Python statistics.
+
+    After a run, :attr:`paths` counts the statistics each path computed (one per recorded call
+    and variant): "native" (the kernel), "compiled" (``torch.compile``) or "python".
     """
 
     def __init__(self, model: nn.Module, counterfactuals: bool = False, every: int = 1,
-                 compile: bool = False) -> None:
+                 compile: bool | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         check_int("every", every, minimum=1)
+        if compile not in (None, True, False):
+            raise TypeError(f"compile must be None, True or False, got {compile!r}")
         self.model = model
         self.counterfactuals = counterfactuals
         self.every = every
-        self.compile = bool(compile)
+        self.compile = compile
         self.query_mask: Tensor | None = None
         self.names = {id(m): name for name, m in model.named_modules()}
+        self.paths: Counter[str] = Counter()
         self._acc: dict[str, dict[str, StatsAccumulator]] = {}
         self._calls: dict[str, int] = {}
         self._undo: list[Callable[[], None]] = []
         self._fused_failed = False
 
     # -- public -------------------------------------------------------------------------------
+
+    @property
+    def backend(self) -> str:
+        """The path float32 CPU calls take: "native" where the kernel is built (building or
+        loading it on first use) unless ``compile=False``, else "compiled" with
+        ``compile=True`` and "python" otherwise. Other calls (float64, float masks, another
+        device) take the Python path; :attr:`paths` counts what really ran."""
+        if self.compile is not False and native.fused_kernel() is not None:
+            return "native"
+        return "compiled" if self.compile else "python"
 
     def stats(self, variant: str = ACTUAL) -> dict[str, AttentionStats]:
         """{layer name: statistics}, layers in model order. ``variant``: "actual" or a key of
@@ -123,6 +160,7 @@ class Monitor:
         """Forget everything recorded so far."""
         self._acc.clear()
         self._calls.clear()
+        self.paths.clear()
 
     def __enter__(self) -> Monitor:
         for module in self.model.modules():
@@ -130,7 +168,7 @@ class Monitor:
                 self._watch_attnscale(module)
             elif isinstance(module, nn.MultiheadAttention):
                 self._watch_torch_mha(module)
-        if _is_hf_model(self.model):
+        if calls.is_hf_model(self.model):
             self._watch_hf(self.model)
         if not self._undo:
             raise ValueError(
@@ -150,39 +188,41 @@ class Monitor:
         arguments of :func:`attnscale.attention` that the model used."""
         name = self._sampled(module)
         if name is not None:
-            self._add(name, q, k, call, measured=None)
+            self._add(name, q, k, call, measured={})
 
     def sdpa(self, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
              attn_mask: Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
              scale: float | None = None, enable_gqa: bool = False, **extra: Any) -> Tensor:
         """Stand-in for ``F.scaled_dot_product_attention`` called by ``module``.
 
-        With ``compile=False`` SDPA itself runs and the statistics are computed beside it, from
-        the same q and k. With ``compile=True`` one pass gives both the output and the
-        statistics (:func:`_attend_and_measure`); calls that pass cannot reproduce (dropout,
-        autograd, half precision, float masks, another device than the CPU, arguments SDPA
-        would reject) run SDPA itself as without compile."""
+        Where the fused pass applies (:attr:`backend` "native" for float32 on the CPU, or
+        "compiled" with ``compile=True``) one pass gives both the output and the statistics
+        (:func:`_attend_and_measure`); calls that pass cannot reproduce (dropout, autograd,
+        half precision, float masks, another device than the CPU, arguments SDPA would reject)
+        and ``compile=False`` run SDPA itself, and the statistics are computed beside it."""
         args = (query, key, value, attn_mask, dropout_p, is_causal)
         kwargs = {"scale": scale, "enable_gqa": enable_gqa, **extra}
         name = self._sampled(module)
         if name is None:
             return F.scaled_dot_product_attention(*args, **kwargs)
-        call = {"attn_mask": _stats_mask(attn_mask), "is_causal": is_causal, "scale": scale,
+        call = {"attn_mask": calls.stats_mask(attn_mask), "is_causal": is_causal, "scale": scale,
                 "enable_gqa": enable_gqa, "score": "scaled_dot"}
-        fuse = (self.compile and not extra and not self._fused_failed
-                and _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa))
-        if fuse:
-            rows = self._rows(query)
+        path = self._fused_path(query)
+        if path and not extra and not self._fused_failed and calls.fusable(
+                query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
             s = query.shape[-1] ** -0.5 if scale is None else scale
+            cf = self.counterfactuals and path == "native" and s > 0
+            rows = self._rows(query)  # a query_mask that does not fit raises here
             try:
-                out, sums, head_max = _attend_and_measure(query, key, value, attn_mask,
-                                                          bool(is_causal), s, rows)
+                out, measured = _attend_and_measure(query, key, value, attn_mask, bool(is_causal),
+                                                    s, rows, cf)
             except Exception as err:  # e.g. torch.compile without a C++ compiler
                 warnings.warn(f"attnscale monitor: the fused pass failed ({err!r}); SDPA runs "
                               "and the statistics are computed beside it", stacklevel=2)
                 self._fused_failed = True
             else:
-                self._add(name, query, key, call, measured=(sums, head_max))
+                self.paths[path] += len(measured)
+                self._add(name, query, key, call, measured)
                 return out
         out = F.scaled_dot_product_attention(*args, **kwargs)  # raises SDPA's own errors
         # The statistics see SDPA's broadcast: leading dimensions flattened to (B, H, N, D).
@@ -191,9 +231,19 @@ class Monitor:
         except (ValueError, TypeError) as err:  # SDPA ran a call outside its own contract
             warnings.warn(f"attnscale monitor: no statistics for {name} ({err})", stacklevel=2)
             return out
-        call |= {"attn_mask": _stats_mask(x.mask), "enable_gqa": x.k.shape[1] != x.q.shape[1]}
-        self._add(name, x.q, x.k, call, measured=None)
+        call |= {"attn_mask": calls.stats_mask(x.mask), "enable_gqa": x.k.shape[1] != x.q.shape[1]}
+        self._add(name, x.q, x.k, call, measured={})
         return out
+
+    def _fused_path(self, query: Tensor) -> str | None:
+        """Which fused pass may answer an SDPA call with this query: "native", "compiled"
+        (``compile=True`` only) or None (SDPA itself runs)."""
+        if self.compile is False:
+            return None
+        if query.dtype == torch.float32 and query.device.type == "cpu" and (
+                native.fused_kernel() is not None):
+            return "native"
+        return "compiled" if self.compile else None
 
     def _rows(self, query: Tensor) -> Tensor:
         """The query rows that count, (B, N) bool on the query's device."""
@@ -216,9 +266,11 @@ class Monitor:
         self._calls[name] = count + 1
         return None if count % self.every else name
 
-    def _add(self, name: str, q: Tensor, k: Tensor, call: dict[str, Any], measured) -> None:
-        """Accumulate every variant of one call; ``measured`` the actual variant's
-        (sums, max) when the fused kernel already computed them."""
+    def _add(self, name: str, q: Tensor, k: Tensor, call: dict[str, Any],
+             measured: dict[str, tuple[Tensor, Tensor]]) -> None:
+        """Accumulate every variant of one call; ``measured`` {variant: (sums, max)} those a
+        fused pass already computed. The counterfactuals left take one statistics-only pass of
+        the native kernel where it applies (:meth:`_native_counterfactuals`)."""
         q, k = q.detach(), k.detach()
         call = {n: v.detach() if isinstance(v, Tensor) else v for n, v in call.items()}
         variants = {ACTUAL: call}
@@ -227,14 +279,49 @@ class Monitor:
             variants |= {label: {**base, **cf} for label, cf in COUNTERFACTUALS.items()}
         accs = self._acc.setdefault(name, {})
         qmask = self._query_mask(q.shape[0], q.shape[2])
+        if self.counterfactuals and not set(COUNTERFACTUALS) <= set(measured):
+            measured = {**self._native_counterfactuals(q, k, call, qmask, ACTUAL in measured),
+                        **measured}
         for label, kwargs in variants.items():
             acc = accs.setdefault(label, StatsAccumulator(q.shape[1], compile=self.compile))
-            if label == ACTUAL and measured is not None:
-                acc.add_sums(*measured)
+            if label in measured:
+                acc.add_sums(*measured[label])
             else:
                 acc.update(q, k, query_mask=qmask, **kwargs)
+                self.paths[acc.path] += 1
+
+    def _native_counterfactuals(self, q: Tensor, k: Tensor, call: dict[str, Any],
+                                qmask: Tensor | None, have_actual: bool
+                                ) -> dict[str, tuple[Tensor, Tensor]]:
+        """{variant: (sums, max)} of the counterfactuals -- and of the actual scores when they
+        are scale·q·k and not yet measured -- from ONE statistics-only kernel call that reads q
+        and k once; {} where the kernel does not apply (then the Python code runs)."""
+        kernel = native.fused_kernel() if self.compile is not False else None
+        usable, keep = calls.keep_mask(call.get("attn_mask"))
+        if (kernel is None or not usable or q.dtype != torch.float32 or q.device.type != "cpu"
+                or k.dtype != torch.float32 or q.dim() != 4 or k.dim() != 4
+                or q.shape[1] % k.shape[1]):
+            return {}
+        scale = call.get("scale")
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        actual = (not have_actual and call.get("score") == "scaled_dot"
+                  and isinstance(scale, (int, float)) and scale > 0
+                  and set(call) <= {"attn_mask", "is_causal", "scale", "enable_gqa", "score"})
+        dots, taus, labels = _kernel_variants(list(COUNTERFACTUALS))
+        if not actual:  # the first dot variant stands in for the attention's own logits
+            scale, dots = dots[0], dots[1:]
+        rows = torch.ones(q.shape[0], q.shape[2], dtype=torch.bool) if qmask is None else qmask
+        try:
+            _, sums, mx = kernel(q, k, k, keep, bool(call.get("is_causal")), scale, rows, False,
+                                 dots, taus)
+        except RuntimeError:  # e.g. a mask that does not broadcast: the Python code decides
+            return {}
+        labels = [ACTUAL] * actual + labels
+        self.paths["native"] += len(labels)
+        return {label: (sums[i], mx[i]) for i, label in enumerate(labels)}
 
     # -- sources --------------------------------------------------------------------------------
+
 
     def _watch_attnscale(self, module: MultiheadSelfAttention) -> None:
         previous = module.capture
@@ -253,7 +340,7 @@ class Monitor:
 
     def _watch_torch_mha(self, module: nn.MultiheadAttention) -> None:
         def pre_hook(mod, args, kwargs):
-            q, k, call = _torch_mha_inputs(mod, args, kwargs)
+            q, k, call = calls.torch_mha_inputs(mod, args, kwargs)
             self.record(mod, q, k, call)
 
         handle = module.register_forward_pre_hook(pre_hook, with_kwargs=True)
@@ -273,7 +360,7 @@ class Monitor:
 
         def monitored(module, query, key, value, attention_mask, **kwargs):
             def record() -> None:
-                self.record(module, *_hf_inputs(query, key, attention_mask, kwargs, module))
+                self.record(module, *calls.hf_inputs(query, key, attention_mask, kwargs, module))
 
             if original == "sdpa":  # transformers' own sdpa code, with SDPA itself watched
                 with _WatchSDPA(self, module, tuple(query.shape[1:3]), record):
@@ -322,128 +409,33 @@ class _WatchSDPA(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _kernel_variants(labels: list[str]) -> tuple[list[float], list[float], list[str]]:
+    """The kernel's (dot_scales, cosine_taus) for counterfactuals ``labels``, and the labels in
+    the order of the variants it returns (dot ones first)."""
+    dots = [label for label in labels if NATIVE_COUNTERFACTUALS[label][0] == "dot"]
+    cosines = [label for label in labels if NATIVE_COUNTERFACTUALS[label][0] == "cosine"]
+    return ([NATIVE_COUNTERFACTUALS[label][1] for label in dots],
+            [NATIVE_COUNTERFACTUALS[label][1] for label in cosines], dots + cosines)
+
+
 def _attend_and_measure(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, is_causal: bool,
-                        scale: float, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """SDPA's output and the statistics of its logits in one pass: attnscale's native kernel
-    for float32 on an x86 CPU (:mod:`attnscale.measure.native`), else the ``torch.compile``-d Python
-    version, :func:`attnscale.measure.rowstats.attention_with_sums`. ``rows`` (B, N) bool."""
+                        scale: float, rows: Tensor, counterfactuals: bool = False
+                        ) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]:
+    """SDPA's output and {variant: (sums, max)} of its logits in one pass: attnscale's native
+    kernel for float32 on the CPU (:mod:`attnscale.measure.native`), which with
+    ``counterfactuals`` also gives those of :data:`COUNTERFACTUALS` from the same pass, else
+    the ``torch.compile``-d Python version, :func:`attnscale.measure.rowstats.attention_with_sums`,
+    for the actual logits alone. ``rows`` (B, N) bool."""
     kernel = native.fused_kernel() if q.device.type == "cpu" and q.dtype == torch.float32 else None
     if kernel is not None:
-        return kernel(q, k, v, keep, is_causal, scale, rows)
+        dots, taus, labels = _kernel_variants(list(COUNTERFACTUALS) if counterfactuals else [])
+        out, sums, mx = kernel(q, k, v, keep, is_causal, scale, rows, True, dots, taus)
+        if not labels:
+            return out, {ACTUAL: (sums, mx)}
+        return out, {label: (sums[i], mx[i]) for i, label in enumerate([ACTUAL, *labels])}
     if k.shape[1] != q.shape[1]:  # grouped-query attention: repeat the key/value heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     fused = maybe_compiled(attention_with_sums, True)
-    return fused(q, k, v, keep, is_causal, scale, rows[:, None, :])
-
-
-def _fusable(query: Tensor, key: Tensor, value: Tensor, attn_mask, dropout_p: float,
-             is_causal: bool, enable_gqa: bool) -> bool:
-    """Whether the fused pass reproduces this SDPA call: no dropout, no autograd, float32 or
-    float64 on the CPU, one batch size, a bool mask or none, and arguments SDPA itself accepts
-    (anything else runs SDPA, which raises its own errors)."""
-    tensors = (query, key, value)
-    if not all(isinstance(t, Tensor) and t.dim() == 4 and t.numel() for t in tensors):
-        return False
-    b, h, n, d = query.shape
-    hkv, s = key.shape[1], key.shape[2]
-    return (
-        dropout_p == 0.0
-        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-        and all(t.device.type == "cpu" and t.dtype == query.dtype for t in tensors)
-        and query.dtype in (torch.float32, torch.float64)
-        and key.shape[0] == value.shape[0] == b and key.shape[3] == d
-        and tuple(value.shape[1:3]) == (hkv, s)
-        and (h == hkv or (enable_gqa and h % hkv == 0))
-        and (attn_mask is None or (_bool_mask_fits(attn_mask, (b, h, n, s)) and not is_causal))
-    )
-
-
-def _bool_mask_fits(mask: Tensor, shape: tuple[int, ...]) -> bool:
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.device.type != "cpu":
-        return False
-    try:
-        return torch.broadcast_shapes(mask.shape, shape) == shape
-    except RuntimeError:
-        return False
-
-
-def _stats_mask(mask: Tensor | None) -> Tensor | None:
-    """A mask as the statistics read it: transformers' float masks use finfo.min, not −inf,
-    for "masked"; make that −inf so the statistics exclude those keys instead of counting a huge
-    negative logit."""
-    if mask is None or mask.dtype == torch.bool:
-        return mask
-    return mask.masked_fill(mask <= torch.finfo(mask.dtype).min / 2, float("-inf"))
-
-
-def _is_hf_model(model: nn.Module) -> bool:
-    return hasattr(model, "config") and hasattr(model, "set_attn_implementation")
-
-
-def _hf_inputs(query, key, attention_mask, kwargs, module) -> tuple[Tensor, Tensor, dict]:
-    """q, k and attnscale.attention arguments equivalent to one transformers attention call."""
-    mask = _stats_mask(attention_mask)
-    if mask is not None:
-        mask = mask[..., : key.shape[-2]]
-    is_causal = kwargs.get("is_causal")
-    if is_causal is None:
-        is_causal = getattr(module, "is_causal", False)
-    is_causal = bool(is_causal and mask is None and query.shape[-2] > 1)
-    call: dict[str, Any] = {
-        "attn_mask": mask,
-        "is_causal": is_causal,
-        "enable_gqa": key.shape[1] != query.shape[1],
-        "scale": kwargs.get("scaling"),
-        "score": "scaled_dot",
-    }
-    if kwargs.get("softcap"):
-        call |= {"score": "softcap", "cap": float(kwargs["softcap"])}
-    return query, key, call
-
-
-def _torch_mha_inputs(mod: nn.MultiheadAttention, args, kwargs) -> tuple[Tensor, Tensor, dict]:
-    """Re-project q and k of a torch.nn.MultiheadAttention call; masks to attnscale semantics."""
-    names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask")
-    bound = dict(zip(names, args, strict=False)) | kwargs
-    query, key = bound["query"], bound["key"]
-    if not mod.batch_first and query.dim() == 3:
-        query, key = query.transpose(0, 1), key.transpose(0, 1)
-    if query.dim() == 2:
-        query, key = query.unsqueeze(0), key.unsqueeze(0)
-    e, h = mod.embed_dim, mod.num_heads
-    if mod._qkv_same_embed_dim:
-        w_q, w_k = mod.in_proj_weight[:e], mod.in_proj_weight[e : 2 * e]
-    else:
-        w_q, w_k = mod.q_proj_weight, mod.k_proj_weight
-    b_q = b_k = None
-    if mod.in_proj_bias is not None:
-        b_q, b_k = mod.in_proj_bias[:e], mod.in_proj_bias[e : 2 * e]
-    with torch.no_grad():
-        q = nn.functional.linear(query, w_q, b_q)  # (B, N, E)
-        k = nn.functional.linear(key, w_k, b_k)
-    b, n, s = q.shape[0], q.shape[1], k.shape[1]
-    q = q.view(b, n, h, e // h).transpose(1, 2)  # (B, H, N, d)
-    k = k.view(b, s, h, e // h).transpose(1, 2)
-    keep = _torch_mha_mask(bound.get("attn_mask"), bound.get("key_padding_mask"), b, h, n, s)
-    causal = bool(bound.get("is_causal", False)) and keep is None
-    return q, k, {"attn_mask": keep, "is_causal": causal, "score": "scaled_dot"}
-
-
-def _torch_mha_mask(attn_mask, key_padding_mask, b, h, n, s) -> Tensor | None:
-    """nn.MultiheadAttention masks (bool True = *blocked*, float = additive) as one additive
-    (B, H, N, S) mask with −inf for blocked entries, or None."""
-    out = None
-
-    def additive(m: Tensor) -> Tensor:
-        if m.dtype == torch.bool:
-            return torch.zeros(m.shape).masked_fill(m, float("-inf"))
-        return m.float()
-
-    if attn_mask is not None:
-        m = additive(attn_mask)
-        out = m.view(b, h, n, s) if m.dim() == 3 else m.expand(b, h, n, s)
-    if key_padding_mask is not None:
-        pad = additive(key_padding_mask).view(b, 1, 1, s)
-        out = pad.expand(b, h, n, s) if out is None else out + pad
-    return out
+    out, sums, mx = fused(q, k, v, keep, is_causal, scale, rows[:, None, :])
+    return out, {ACTUAL: (sums, mx)}

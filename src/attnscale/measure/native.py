@@ -1,130 +1,136 @@
-"""The monitor's native kernel: attention with logit statistics, built on first use.
+"""The monitor's native kernel: attention with logit statistics, built once per machine.
 
-:func:`fused_kernel` compiles ``csrc/attention_with_sums.cpp`` with PyTorch's C++ extension
-builder (about 30 s once per machine; later processes load the cached build) and returns its
-``attention_with_sums`` function, or None where it cannot be used -- not an x86 CPU with AVX2,
-no C++ compiler or ninja, a failed build -- with the reason in :func:`unavailable_reason`.
-Callers fall back to the Python version, :func:`attnscale.measure.rowstats.attention_with_sums`,
-which is also the reference the kernel is tested against.
+:func:`fused_kernel` compiles ``csrc/attention_with_sums.cpp`` with
+:func:`attnscale.util.cppext.build` (about 30 s once per machine; later processes load the
+cached build) and returns it, or None where it cannot be used
+-- native kernels switched off (``$ATTNSCALE_NATIVE_ISA=off``), no C++ compiler or ninja, a
+failed build -- with the reason in :func:`unavailable_reason`. The vector code is ATen's
+``at::vec``: AVX512 or AVX2 on x86 CPUs that have them, else the portable ``generic`` build
+(ARM included); :func:`isa` says which one loaded. Callers fall back to the Python version,
+:func:`attnscale.measure.rowstats.attention_with_sums`, which is also the reference the kernel
+is tested against.
 
-The build lives in PyTorch's extension cache (``~/.cache/torch_extensions``, or
-``$TORCH_EXTENSIONS_DIR``). A build killed halfway can leave a lock file there that makes the
-next build wait; deleting that folder clears it.
+One call reads q and k once and returns the statistics of several scores of them: the
+attention's own logits scale·q·k (whose output it computes), and any number of counterfactual
+"dot" (s·q·k) and "cosine" (τ·q·k/(‖q‖‖k‖)) variants, from the logits block while it is in cache.
 
-The first :func:`fused_kernel` call in a process logs ONE line before it blocks, on the
-``logging`` logger ``attnscale.measure.native``: at WARNING when no cached build is found
+Build it ahead of use with ``python -m attnscale.measure.native --build`` (or
+:func:`ensure_built`), which prints one line saying which build loaded. Otherwise the first
+:func:`fused_kernel` call in a process builds or loads it and logs ONE line before it blocks, on
+the ``logging`` logger ``attnscale.measure.native``: at WARNING when no cached build is found
 (the ~30 s compile), at INFO when one is (a load of about a second); later calls are silent.
 Why ``logging``: a library must not write to stdout (it may be a command's machine-readable
 output), and the line is progress, not a fault in the caller's code -- ``warnings.warn`` is for
 the latter, and under ``-W error`` (common in test suites) it would turn the notice into an
 exception. Why WARNING for the build: without any logging set up, Python's last-resort handler
 prints WARNING and above to stderr, so a user waiting 30 s sees why; an application silences it
-with ``logging.getLogger("attnscale").setLevel(logging.ERROR)``.
+with ``logging.getLogger("attnscale").setLevel(logging.ERROR)``. A failed build warns once
+(``warnings.warn``) and every caller takes its Python path.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
-import os
-import platform
-import shutil
-import sysconfig
-import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import torch
-
 from attnscale.measure.rowstats import SATURATION
+from attnscale.util import cppext
 
 SOURCE = Path(__file__).parent / "csrc" / "attention_with_sums.cpp"
-# Flags per vector ISA: the kernel uses at::vec, which picks its width from CPU_CAPABILITY.
-FLAGS = {
-    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma",
-               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
-    "AVX2": ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
-}
-_state: dict[str, object] = {}
+STEM = "attention_stats"  # the module is attnscale_attention_stats_<isa>
+WHAT = "the monitor's native kernel"
+COSINE_EPS = 1e-12  # the cosine score's default norm clamp (attnscale.core.scores)
+# Per requested ISA (None: this machine's choice): (kernel, the ISA it was built for) or
+# (None, why there is none).
+_state: dict[str | None, tuple[Callable | None, str]] = {}
 log = logging.getLogger(__name__)
 
 
-def fused_kernel() -> Callable | None:
-    """The kernel as ``attend(q, k, v, keep, is_causal, scale, rows_kept, with_output=True)``,
-    or None: q (B, H, N, d), k and v (B, Hkv, S, ·) float32 CPU tensors, ``keep`` a bool mask
-    broadcasting to (B, H, N, S) or None, ``rows_kept`` (B, N) bool. Returns (out (B, H, N, Dv)
-    -- empty when ``with_output`` is false --, sums (H, len(SUM_FIELDS)), max |logit| (H,))."""
-    if "kernel" not in _state:
-        _state["kernel"], _state["reason"] = _build()
-    return _state["kernel"]  # type: ignore[return-value]
+def fused_kernel(isa: str | None = None) -> Callable | None:
+    """The kernel, or None when it cannot be used (see :func:`unavailable_reason`), as
+
+        kernel(q, k, v, keep, is_causal, scale, rows_kept, with_output=True,
+               dot_scales=(), cosine_taus=()) -> (out, sums, max_abs_logit)
+
+    q (B, H, N, d), k and v (B, Hkv, S, ·) float32 CPU tensors (H a multiple of Hkv: grouped
+    queries as SDPA's ``enable_gqa``); ``keep`` a bool mask broadcasting to (B, H, N, S)
+    (True = attend) or None; ``rows_kept`` (B, N) bool, the query rows the statistics count.
+    ``out`` is softmax(scale·q·kᵀ masked)·v (B, H, N, Dv), empty when ``with_output`` is false.
+    Without variants ``sums`` is (H, len(SUM_FIELDS)) and ``max_abs_logit`` (H,), of the logits
+    scale·q·k, as :func:`attnscale.measure.rowstats.head_sums` gives them. With ``dot_scales``
+    (logits s·q·k, s > 0) or ``cosine_taus`` (τ·q·k/(max(‖q‖, ε)·max(‖k‖, ε)),
+    ε = :data:`COSINE_EPS`, as ``F.normalize``) they are (V, H, F) and (V, H), V = 1 + the
+    variants: the attention's own logits first, then the dot and the cosine variants in order.
+    Variants need scale > 0.
+
+    ``isa``: one of :data:`attnscale.util.cppext.FLAGS` to build for (e.g. ``"generic"``, the
+    portable build any CPU compiles); None takes :func:`attnscale.util.cppext.target_isa`,
+    which ``$ATTNSCALE_NATIVE_ISA`` can force. Built or loaded once per process and ISA."""
+    if isa not in _state:
+        module, found = cppext.build(STEM, SOURCE, WHAT, log, isa=isa)
+        _state[isa] = (None if module is None else _calling(module.attention_with_sums), found)
+    return _state[isa][0]
 
 
-def unavailable_reason() -> str | None:
+def unavailable_reason(isa: str | None = None) -> str | None:
     """Why :func:`fused_kernel` returned None (None if it did not)."""
-    fused_kernel()
-    return _state["reason"]  # type: ignore[return-value]
+    kernel = fused_kernel(isa)
+    return None if kernel is not None else _state[isa][1]
 
 
-def _build() -> tuple[Callable | None, str | None]:
-    capability = torch.backends.cpu.get_cpu_capability()
-    if platform.machine().lower() not in ("x86_64", "amd64") or capability not in FLAGS:
-        return None, f"needs an x86 CPU with AVX2 (this one: {platform.machine()}, {capability})"
-    # The builder runs `ninja` from PATH; a venv's own (the `ninja` dependency) is not on PATH
-    # when the venv is not activated. PATH is put back afterwards.
-    path = os.environ.get("PATH", "")
-    scripts = sysconfig.get_path("scripts")
-    if shutil.which("ninja") is None and scripts and (Path(scripts) / "ninja").exists():
-        os.environ["PATH"] = f"{scripts}{os.pathsep}{path}"
-    name = f"attnscale_attention_with_sums_{capability.lower()}"
-    _announce(name)
-    try:
-        from torch.utils.cpp_extension import load
-
-        module = load(
-            name=name,
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-fopenmp", *FLAGS[capability]],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
-    except Exception as err:  # any build failure means: use the fallback
-        reason = f"the native kernel did not build ({type(err).__name__}: {err})"
-        warnings.warn(f"attnscale: {reason}; using the slower Python path", stacklevel=3)
-        return None, reason
-    finally:
-        os.environ["PATH"] = path
-    return _calling(module.attention_with_sums), None
+def isa(requested: str | None = None) -> str | None:
+    """The capability the loaded kernel was built for ("AVX512", "AVX2", "generic"), or None
+    when there is none."""
+    return _state[requested][1] if fused_kernel(requested) is not None else None
 
 
-def _announce(name: str) -> None:
-    """The one line logged before the build blocks (see the module docstring)."""
-    if _cached(name):
-        log.info("attnscale: loading the monitor's native kernel %s from PyTorch's extension "
-                 "cache", name)
-    else:
-        log.warning("attnscale: building the monitor's native kernel %s with "
-                    "torch.utils.cpp_extension (about 30 s, once per machine; cached after)", name)
-
-
-def _cached(name: str) -> bool:
-    """Whether a built module ``name`` lies in PyTorch's extension cache: ``$TORCH_EXTENSIONS_DIR``
-    or the default root, directly or in the per-Python/per-accelerator folder newer PyTorch adds.
-    Only the log level depends on it; the builder itself decides whether to rebuild."""
-    from torch.utils.cpp_extension import get_default_build_root
-
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-    patterns = [f"{name}/{name}.so", f"*/{name}/{name}.so", f"{name}/{name}.pyd"]
-    return any(any(root.glob(pattern)) for pattern in patterns)
+def ensure_built() -> str:
+    """Build (or load from the cache) the kernel for this machine now, and return one line
+    saying which build is in use or why none is. Meant for install steps and command lines."""
+    kernel = fused_kernel()
+    if kernel is None:
+        return (f"attnscale: no native monitor kernel ({unavailable_reason()}); the monitor "
+                "takes its Python path")
+    found = isa()
+    return (f"attnscale: native monitor kernel ready: {found} build "
+            f"(attnscale_{STEM}_{str(found).lower()})")
 
 
 def _calling(kernel: Callable) -> Callable:
     """What every caller would otherwise repeat: the unit last stride the kernel reads, the mask
-    expanded to its full shape, the saturation threshold of attnscale.measure.rowstats."""
+    expanded to its full shape, the saturation threshold of attnscale.measure.rowstats, and the
+    variant axis dropped when there are no variants."""
 
-    def attend(q, k, v, keep, is_causal, scale, rows_kept, with_output=True):
+    def call(q, k, v, keep, is_causal, scale, rows_kept, with_output=True, dot_scales=(),
+             cosine_taus=()):
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
         if keep is not None:
             keep = keep.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-        return kernel(q, k, v, keep, bool(is_causal), float(scale), rows_kept.contiguous(),
-                      SATURATION, with_output)
+        out, sums, head_max = kernel(
+            q, k, v, keep, bool(is_causal), float(scale), rows_kept.contiguous(), SATURATION,
+            with_output, [float(s) for s in dot_scales], [float(t) for t in cosine_taus],
+            COSINE_EPS)
+        if not dot_scales and not cosine_taus:
+            return out, sums[0], head_max[0]
+        return out, sums, head_max
 
-    return attend
+    return call
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m attnscale.measure.native --build``: build or load the kernel now and print
+    one line saying which build is in use (exit status 0 either way: the monitor works
+    without it)."""
+    parser = argparse.ArgumentParser(prog="python -m attnscale.measure.native",
+                                     description="Build the monitor's native kernel once.")
+    parser.add_argument("--build", action="store_true", required=True,
+                        help="build (or load from the cache) and report which build is in use")
+    parser.parse_args(argv)
+    print(ensure_built())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

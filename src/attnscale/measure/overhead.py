@@ -62,7 +62,7 @@ import torch
 from scipy import stats
 
 from attnscale.core.attention import attention
-from attnscale.measure.bench import bench_params
+from attnscale.core.scores import get_score
 from attnscale.util.provenance import versions
 from attnscale.util.validate import check_float, check_int
 
@@ -271,7 +271,7 @@ def overhead_study(
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(check_int("threads", threads))
-    cosine = bench_params("cosine")
+    cosine = dict(get_score("cosine").bench_params)  # not bench.bench_params: bench imports us
     opts = {"target": target, "min_repeats": min_repeats, "budget_s": budget_s,
             "block_s": block_s, "level": level}
     start, rows = time.perf_counter(), []

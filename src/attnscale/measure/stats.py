@@ -216,17 +216,20 @@ class StatsAccumulator:
     """Running per-head sums over many attention calls; :meth:`result` gives the statistics.
 
     Block math runs in float32 (float64 for float64 inputs); sums accumulate in float64.
-    ``compile=True`` uses compiled code: the native kernel's statistics-only pass for float32 on
-    the CPU where the score allows (:meth:`_native_update`), else the per-block row reductions
-    through ``torch.compile`` (one fused pass instead of about a dozen; the first call
-    compiles, a few seconds with a warm cache).
+    ``compile``: False runs the per-block row reductions as plain tensor code; None (what the
+    monitor passes by default) takes the native kernel's statistics-only pass for float32 on
+    the CPU where the score allows (:meth:`_native_update`), else that tensor code; True the
+    same, with the tensor code through ``torch.compile`` (one fused pass instead of about a
+    dozen; the first call compiles, a few seconds with a warm cache). ``path`` says which ran
+    last: "native", "compiled" or "python".
     """
 
     ROW_FIELDS = ROW_FIELDS
 
-    def __init__(self, heads: int, compile: bool = False) -> None:
+    def __init__(self, heads: int, compile: bool | None = False) -> None:
         self.heads = heads
         self.compile = compile
+        self.path = "python"
         # Kept as tensors where the blocks live, so a call costs two small in-place ops and no
         # host copy (the monitor adds one per layer per forward pass); numpy in result().
         self._sums: Tensor | None = None  # (H, len(SUM_FIELDS)) float64
@@ -266,8 +269,9 @@ class StatsAccumulator:
         qmask = check_query_mask(query_mask, b, nq)
         work = torch.float64 if q.dtype == torch.float64 else torch.float32
         with torch.no_grad():
-            if self.compile and self._native_update(sc, params, q, k, scale, mask, is_causal,
-                                                    qmask):
+            if self.compile is not False and self._native_update(sc, params, q, k, scale, mask,
+                                                                 is_causal, qmask):
+                self.path = "native"
                 return
             nk = k.shape[-2]
             for rows, keep, bias in _blocks(mask, is_causal, (b, h, nq, nk), q.device):
@@ -346,7 +350,9 @@ class StatsAccumulator:
         b, c = logits.shape[0], logits.shape[2]
         if rows_kept is None:
             rows_kept = torch.ones((b, 1, c), dtype=torch.bool, device=logits.device)
-        self.add_sums(*maybe_compiled(head_sums, self.compile)(logits, rows_kept, hidden_keys))
+        self.path = "compiled" if self.compile else "python"
+        self.add_sums(*maybe_compiled(head_sums, bool(self.compile))(logits, rows_kept,
+                                                                     hidden_keys))
 
     def add_sums(self, sums: Tensor, head_max: Tensor) -> None:
         """Add per-head sums as :func:`head_sums` returns them: (H, len(SUM_FIELDS)) and (H,)."""

@@ -1,0 +1,171 @@
+"""Native (C++) attention kernels for the scores that cannot run on SDPA, built on first use.
+
+One kernel today: ``csrc/softcap_attention.cpp``, soft-capped attention
+softmax(cap·tanh(s·q·kᵀ/cap) + mask)·V (Gemma Team 2024, Gemma 2) with the structure of PyTorch's
+CPU flash-attention kernel (Dao et al. 2022, arXiv 2205.14135): tiles of queries × keys, tanh
+and the online softmax inside the tile, the backward pass recomputing each tile from q, k and
+the saved logsumexp. Memory is O(N·D) plus per-thread tiles; no (N, N) or (chunk, N) buffer.
+
+A score names its kernel in the registry (``Score(native="softcap")``);
+:func:`attnscale.core.chunked.modded_attention` calls :func:`native_attention`, which returns
+None -- and the chunked kernel runs, unchanged -- when the kernel did not build or the inputs
+are outside what it covers: not CPU, not float32/float64, an empty dimension, a cap that is
+neither a number nor one value per head, or a torch.compile trace. (Dropout, a learned cap and
+a mask that needs a gradient never get here: they take the materialized path first.)
+
+The build (:mod:`attnscale.util.cppext`, about 40 s once per machine, then cached) happens on the
+first call and logs one line on this module's logger. ``$ATTNSCALE_NATIVE_ISA=off`` turns native
+kernels off for the process; :func:`forced_fallback` does it for a ``with`` block (tests), and
+:func:`last_path` says which path the last soft-capped call took.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from attnscale.core.score_ops import default_scale
+from attnscale.util import cppext
+
+SOURCE = Path(__file__).parent / "csrc" / "softcap_attention.cpp"
+STEM = "softcap_attention"
+DTYPES = (torch.float32, torch.float64)
+log = logging.getLogger(__name__)
+_state: dict[str, Any] = {"forced": 0, "last_path": None}
+_lock = threading.Lock()
+
+
+def softcap_kernel() -> ModuleType | None:
+    """The compiled soft-capping kernel module, or None where it cannot be built (the reason is
+    in :func:`kernel_status`). Built or loaded once per process."""
+    if "module" not in _state:
+        with _lock:
+            if "module" not in _state:
+                _load()
+    return _state["module"]
+
+
+def _load() -> None:
+    try:
+        isa = cppext.target_isa()
+    except ValueError:
+        isa = None  # build() reports the same error as the reason
+    # build() names the module attnscale_<stem>_<isa>; whether it was cached is only reported.
+    cached = isa is not None and cppext.is_cached(f"attnscale_{STEM}_{isa.lower()}")
+    module, info = cppext.build(STEM, SOURCE, "the soft-capping attention kernel", log)
+    _state.update(module=module, isa=info if module is not None else None,
+                  reason=None if module is not None else info, cached=cached)
+
+
+def kernel_status() -> dict[str, Any]:
+    """{"isa": the capability built for or None, "cached": whether the build was found in
+    PyTorch's extension cache, "reason": why there is no kernel or None, "path": "native" or
+    "chunked" (what a qualifying soft-capped call takes now)}. Builds the kernel if needed."""
+    module = softcap_kernel()
+    native = module is not None and not _state["forced"]
+    return {"isa": _state["isa"], "cached": _state["cached"], "reason": _state["reason"],
+            "path": "native" if native else "chunked"}
+
+
+@contextmanager
+def forced_fallback() -> Iterator[None]:
+    """Inside the block every soft-capped call takes the chunked path (for tests)."""
+    with _lock:
+        _state["forced"] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _state["forced"] -= 1
+
+
+def note_path(path: str) -> None:
+    """Record which path a modded-score call took ("native", "chunked", "materialized",
+    "flex"); :func:`last_path` reads it."""
+    _state["last_path"] = path
+
+
+def last_path() -> str | None:
+    """The path the last modded-score call in this process took (None before any)."""
+    return _state["last_path"]
+
+
+def head_caps(cap: Any, heads: int) -> list[float] | None:
+    """One cap per query head as floats, or None when ``cap`` is neither a number, nor a CPU
+    tensor of one value or ``heads`` values, nor free of gradient."""
+    if isinstance(cap, Tensor):
+        if cap.requires_grad or cap.device.type != "cpu" or cap.numel() not in (1, heads):
+            return None
+        values = [float(c) for c in cap.detach().reshape(-1).tolist()]
+        return values * heads if len(values) == 1 else values
+    return [float(cap)] * heads
+
+
+def qualifies(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
+    """Whether the kernel covers these (B, H, N, D) inputs (device, dtype, mask form; no empty
+    dimension; not while torch.compile traces, which cannot see into the kernel)."""
+    if q.device.type != "cpu" or q.dtype not in DTYPES or not (q.dtype == k.dtype == v.dtype):
+        return False
+    if 0 in (*q.shape, *k.shape, *v.shape) or torch.compiler.is_compiling():
+        return False
+    if mask is None:
+        return True
+    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    shaped = mask.dim() == 4 and all(m in (1, n) for m, n in zip(mask.shape, full, strict=True))
+    return shaped and mask.dtype in (torch.bool, q.dtype) and mask.device.type == "cpu"
+
+
+def softcap_attention(params: dict[str, Any], q: Tensor, k: Tensor, v: Tensor,
+                      mask: Tensor | None, is_causal: bool, scale: float | None) -> Tensor | None:
+    """softmax(cap·tanh(s·q·kᵀ/cap) + mask)·V on the native kernel, s = ``scale`` or 1/√d, or
+    None when the kernel is off or does not cover the inputs. q (B, H, N, D), k (B, Hkv, S, D),
+    v (B, Hkv, S, Dv) with Hkv dividing H; mask None, bool (True = keep) or additive, 4-D and
+    broadcasting to (B, H, N, S). Differentiable in q, k and v."""
+    if _state["forced"] or not qualifies(q, k, v, mask):
+        return None
+    caps = head_caps(params["cap"], q.shape[1])
+    kernel = softcap_kernel() if caps is not None else None
+    if kernel is None:
+        return None
+    s = default_scale(scale, q.shape[-1])
+    return SoftcapAttention.apply(q, k, v, mask, is_causal, s, caps, kernel)
+
+
+KERNELS = {"softcap": softcap_attention}  # the names a Score's ``native`` field may take
+
+
+def native_attention(name: str, params: dict[str, Any], q: Tensor, k: Tensor, v: Tensor,
+                     mask: Tensor | None, is_causal: bool, scale: float | None) -> Tensor | None:
+    """Run the native kernel ``name`` (a key of :data:`KERNELS`), or None (see above)."""
+    if name not in KERNELS:
+        raise ValueError(f"native must name one of {sorted(KERNELS)}, got {name!r}")
+    return KERNELS[name](params, q, k, v, mask, is_causal, scale)
+
+
+class SoftcapAttention(torch.autograd.Function):
+    """The kernel's forward (saving out and the row logsumexp) and backward (recomputing the
+    tiles from q, k and lse). Once differentiable: no double backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, is_causal, scale, caps, kernel):  # type: ignore[override]
+        out, lse = kernel.forward(q, k, v, mask, is_causal, scale, caps)
+        ctx.save_for_backward(q, k, v, out, lse, mask)
+        ctx.args = (is_causal, scale, caps, kernel)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):  # type: ignore[override]
+        q, k, v, out, lse, mask = ctx.saved_tensors
+        is_causal, scale, caps, kernel = ctx.args
+        dq, dk, dv = kernel.backward(grad_out, q, k, v, out, lse, mask, is_causal, scale, caps)
+        return dq, dk, dv, None, None, None, None, None

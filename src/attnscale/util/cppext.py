@@ -1,0 +1,111 @@
+"""Build and load attnscale's C++ kernels with PyTorch's extension builder, once per machine.
+
+Every kernel is one ``.cpp`` file written against ``at::vec::Vectorized``, which picks its vector
+width from ``CPU_CAPABILITY`` at compile time. :func:`target_isa` chooses that capability:
+
+* ``AVX512`` or ``AVX2`` on an x86 CPU that has it (what PyTorch itself dispatches to);
+* ``generic`` everywhere else (ARM, other CPUs, or forced): ``CPU_CAPABILITY=DEFAULT``, whose
+  ``Vectorized`` is portable C++ (on aarch64 PyTorch's default build maps it onto NEON).
+
+``$ATTNSCALE_NATIVE_ISA`` forces one of ``AVX512``, ``AVX2``, ``generic`` or ``off`` (no native
+kernel: every caller takes its Python path). The build lives in PyTorch's extension cache
+(``~/.cache/torch_extensions`` or ``$TORCH_EXTENSIONS_DIR``); a build killed halfway can leave a
+lock file there that makes the next build wait, and deleting that folder clears it.
+
+Before it blocks, :func:`build` logs one line on the caller's logger: WARNING when no cached
+build exists (Python's last-resort handler prints it to stderr, so a user waiting half a minute
+sees why), INFO when it loads one. A failed build warns once and returns None with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import shutil
+import sysconfig
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+ENV = "ATTNSCALE_NATIVE_ISA"
+# Compiler flags per capability; the kernels include ATen's vec headers, which read the macros.
+FLAGS: dict[str, list[str]] = {
+    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma",
+               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+    "AVX2": ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+    "generic": ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"],
+}
+CHOICES = (*FLAGS, "off")
+
+
+def target_isa() -> str | None:
+    """The capability the kernels are built for (a key of :data:`FLAGS`), or None for "off".
+
+    Raises ValueError naming ``$ATTNSCALE_NATIVE_ISA`` when it holds anything else, or asks for
+    an x86 capability this CPU lacks."""
+    forced = os.environ.get(ENV, "").strip()
+    detected = torch.backends.cpu.get_cpu_capability()
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    if forced:
+        if forced not in CHOICES:
+            raise ValueError(f"${ENV} must be one of {', '.join(CHOICES)}, got {forced!r}")
+        if forced in ("AVX512", "AVX2") and not (x86 and (detected == forced or (
+                forced == "AVX2" and detected == "AVX512"))):
+            raise ValueError(f"${ENV}={forced} but this CPU offers {detected} "
+                             f"({platform.machine()})")
+        return None if forced == "off" else forced
+    return detected if x86 and detected in ("AVX512", "AVX2") else "generic"
+
+
+def is_cached(name: str) -> bool:
+    """Whether a built module ``name`` lies in PyTorch's extension cache (directly or in the
+    per-Python folder newer PyTorch adds). Only the log level depends on it; the builder itself
+    decides whether to rebuild."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    patterns = [f"{name}/{name}.so", f"*/{name}/{name}.so", f"{name}/{name}.pyd"]
+    return any(any(root.glob(pattern)) for pattern in patterns)
+
+
+def build(stem: str, source: Path, what: str, log: logging.Logger,
+          isa: str | None = None) -> tuple[ModuleType | None, str]:
+    """Compile (or load from the cache) ``source`` as module ``attnscale_<stem>_<isa>``.
+
+    ``what`` names the kernel in the one log line (e.g. "the monitor's native kernel");
+    ``isa`` defaults to :func:`target_isa`. Returns (module, the capability it was built for),
+    or (None, why not) when native kernels are off or the build failed."""
+    try:
+        isa = isa or target_isa()
+    except ValueError as err:
+        return None, str(err)
+    if isa is None:
+        return None, f"native kernels are off (${ENV}=off)"
+    # The builder runs `ninja` from PATH; a venv's own (the `ninja` dependency) is not on PATH
+    # when the venv is not activated. PATH is put back afterwards.
+    path = os.environ.get("PATH", "")
+    scripts = sysconfig.get_path("scripts")
+    if shutil.which("ninja") is None and scripts and (Path(scripts) / "ninja").exists():
+        os.environ["PATH"] = f"{scripts}{os.pathsep}{path}"
+    name = f"attnscale_{stem}_{isa.lower()}"
+    if is_cached(name):
+        log.info("attnscale: loading %s %s from PyTorch's extension cache", what, name)
+    else:
+        log.warning("attnscale: building %s %s with torch.utils.cpp_extension (about 30 s, "
+                    "once per machine; cached after)", what, name)
+    try:
+        from torch.utils.cpp_extension import load
+
+        module = load(name=name, sources=[str(source)],
+                      extra_cflags=["-O3", "-fopenmp", *FLAGS[isa]],
+                      extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as err:  # any build failure means: use the fallback
+        reason = f"{what} did not build ({type(err).__name__}: {err})"
+        warnings.warn(f"attnscale: {reason}; using the slower Python path", stacklevel=3)
+        return None, reason
+    finally:
+        os.environ["PATH"] = path
+    return module, isa
