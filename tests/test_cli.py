@@ -47,6 +47,10 @@ BAD = [
     ("theory --samples 1", "--samples"),
     ("theory --plot {file}/figs", "--plot"),
     ("theory --plot {file}", "--plot"),
+    ("check {missing}", "PATH"),
+    ("check {dir}", "PATH"),
+    ("check {file}", "not a folder"),
+    ("check minilm --text {missing}", "--text"),
     ("inspect --text {dir}", "--text"),
     ("inspect --text {missing}", "--text"),
     ("inspect --text {binary}", "binary"),
@@ -166,8 +170,10 @@ def test_debug_shows_the_traceback_in_every_branch(line, error, code, last, path
 
 def test_the_table_covers_every_command():
     names = {c.name or c.callback.__name__ for c in app.registered_commands}
-    assert names == {"bench", "theory", "inspect", "train", "sweep", "results", "report"}
-    assert names <= {line.split()[0] for line, _ in BAD}
+    assert names == {"bench", "theory", "inspect", "check", "train", "sweep", "results", "report",
+                     "kernels"}
+    # kernels takes no input but the environment: tested below
+    assert names - {"kernels"} <= {line.split()[0] for line, _ in BAD}
     assert len(BAD) >= 25
 
 
@@ -236,3 +242,20 @@ def test_every_task_trains_with_its_defaults_and_any_steps(task, steps, capsys):
     assert code == 0, captured.err
     result = json.loads(captured.out)
     assert result["steps"] == steps and result["config"]["task"] == task
+
+
+def test_kernels_lists_each_kernel_and_rejects_a_bad_isa():
+    """In fresh processes: a kernel loaded earlier in this one would keep its state."""
+    import os
+
+    env = {**os.environ, "ATTNSCALE_NATIVE_ISA": "bogus"}
+    out = subprocess.run([*program(), "kernels"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: $ATTNSCALE_NATIVE_ISA must be one of"), out.stderr
+    env["ATTNSCALE_NATIVE_ISA"] = "off"
+    out = subprocess.run([*program(), "kernels", "--build"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "soft-capping attention (core)\tchunked" in out.stdout
+    assert "monitor statistics (measure)\tpython" in out.stdout

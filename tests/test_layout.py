@@ -15,7 +15,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "attnscale"
 # Lowest first: a module may import its own layer or any layer before it, never one after it.
-LAYERS = ("util", "core", "measure", "lab", "audit", "cli")
+LAYERS = ("util", "core", "measure", "integrations", "lab", "audit", "cli")
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 60
 

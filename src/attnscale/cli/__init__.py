@@ -18,15 +18,21 @@ import typer
 from attnscale.cli import measure  # bench, theory, inspect
 
 # isort: split
+from attnscale.cli import check  # check
+
+# isort: split
 from attnscale.cli import lab  # train, sweep, results
 
 # isort: split
 from attnscale.cli import audit  # report
 
 # isort: split
+from attnscale.cli import kernels  # kernels
+
+# isort: split
 from attnscale.cli.app import app
 
-__all__ = ["app", "audit", "lab", "main", "measure"]
+__all__ = ["app", "audit", "check", "kernels", "lab", "main", "measure"]
 
 USAGE_ERROR = 2
 INTERRUPTED = 130

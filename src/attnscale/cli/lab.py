@@ -34,7 +34,7 @@ from attnscale.lab.build import build_task
 from attnscale.lab.config import TASK_OPTIONS, TrainConfig, model_defaults
 from attnscale.lab.export import write_csv, write_parquet
 from attnscale.lab.tasks import TASKS
-from attnscale.util.validate import check_input_file, check_output_file
+from attnscale.util.validate import check_input_file, check_output_file, check_output_folder
 
 # Older spellings still accepted for TrainConfig fields (the first name is the field's).
 TRAIN_ALIASES = {"n_heads": ("--heads",), "n_kv_heads": ("--kv-heads",), "n_layers": ("--layers",)}
@@ -109,6 +109,10 @@ def cli_type(annotation: object) -> tuple[object, tuple[str, ...]]:
 @with_train_options
 def train(
     as_json: Annotated[bool, typer.Option("--json", help="Print the run record as JSON.")] = False,
+    tensorboard: Annotated[str | None, typer.Option(
+        "--tensorboard", help="Write loss, LR and per-layer attention statistics every "
+        f"--log-every steps as TensorBoard event files here (needs the {T.TENSORBOARD_EXTRA} "
+        "extra).")] = None,
     **options: object,
 ) -> None:
     """Train one model: attnscale train --task mqar --score cosine --tau 1 --lr 3e-3 --steps 500.
@@ -120,8 +124,14 @@ def train(
     if "text" in values:  # a folder reads "is a directory", a missing file "no file at"
         check_input_file("--text", values["text"])
     config = train_config(values)
+    extra = {}  # run() gets tensorboard= only when asked: callers of run(config, progress) stay
+    if tensorboard is not None:
+        if not T.tensorboard_available():
+            raise ValueError("--tensorboard needs the tensorboard package: "
+                             f"pip install 'attnscale[{T.TENSORBOARD_EXTRA}]'")
+        extra["tensorboard"] = str(check_output_folder("--tensorboard", tensorboard))
     with train_progress(config.steps) as report:
-        result = T.run(config, progress=report)
+        result = T.run(config, progress=report, **extra)
     if as_json:
         print_json(result.to_dict())
     else:
@@ -192,6 +202,8 @@ def print_train_summary(result: T.RunResult) -> None:
         ("elapsed s", f"{result.elapsed_s:.1f}"),
         ("steps/s", f"{result.steps / max(result.elapsed_s, 1e-9):.1f}"),
     ]
+    if result.tensorboard is not None:
+        rows.append(("tensorboard", result.tensorboard))
     title = f"train {result.config['task']} / {result.config['score']}"
     print_table(title, ("quantity", "value"), [(escape(k), escape(v)) for k, v in rows],
                 left=("quantity",))

@@ -28,6 +28,11 @@ clipping at 1, independent weight decay 1e-4, optional z-loss, linear warmup the
   of the current batch's first ``stats_batch`` (16) sequences (16 sequences of 64 tokens are
   1024 query rows per head; the whole batch would double the cost of logging). Every
   ``eval_every`` steps a row also holds the eval loss and metric.
+* TensorBoard (``run(..., tensorboard=DIR)``, ``attnscale train --tensorboard DIR``): each history
+  row is also written to event files in DIR as scalars ``train/loss``, ``train/lr``,
+  ``train/grad_norm`` (and ``eval/loss``, ``eval/metric`` on eval rows), and, when ``stats`` is
+  on, the per-layer statistics of :func:`attnscale.integrations.tensorboard.log_attention`
+  (``attention/<layer>/<statistic>``) from the same ``stats_batch`` sequences.
 * Determinism: the model is initialized from ``torch.manual_seed(seed)`` and the task's batches
   are a function of (seed, step), so the same config on the same machine gives identical
   metrics. ``threads`` (default 1) sets torch's intra-op threads during the run: on a busy
@@ -43,6 +48,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -51,6 +57,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnscale.core.nn import MultiheadSelfAttention
+from attnscale.integrations.tensorboard import ScalarWriter, log_attention
 from attnscale.lab.build import (
     absorb_factor,
     build_model,
@@ -78,11 +85,14 @@ __all__ = [
     "build_task",
     "evaluate",
     "lr_at",
+    "open_tensorboard",
     "qk_projections",
     "run",
+    "tensorboard_available",
 ]
 
 DIVERGENCE_GRACE_STEPS = 10
+TENSORBOARD_EXTRA = "hf"  # the pyproject.toml optional-dependency group with tensorboard
 LAYER_STATS = ("max_abs_logit", "logit_std", "entropy", "entropy_normalized", "max_weight",
                "saturated_fraction", "logsumexp")
 
@@ -98,6 +108,7 @@ class RunResult:
     ``length``, the training length); ``final_metrics`` has both for every eval set (``length``:
     one per eval length). A diverged run is evaluated as it stands (None if its weights are not
     finite). ``steps`` counts applied optimizer updates; ``initial_loss`` is the step-0 loss.
+    ``tensorboard``: the folder the run wrote TensorBoard event files to, if any.
     """
 
     status: Literal["done", "diverged"]
@@ -117,6 +128,7 @@ class RunResult:
     git_rev: str
     elapsed_s: float
     num_params: int = 0
+    tensorboard: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serializable data."""
@@ -262,9 +274,12 @@ class Trainer:
 
     ``model`` replaces the :class:`GPT` that ``config`` describes (it must map (tokens, scale)
     to logits (B, T, V)); attention statistics are logged for its MultiheadSelfAttention modules.
+    ``writer`` (a TensorBoard ``SummaryWriter`` or anything with its ``add_scalar``) also
+    receives every history row (module docstring).
     """
 
-    def __init__(self, config: TrainConfig, model: nn.Module | None = None) -> None:
+    def __init__(self, config: TrainConfig, model: nn.Module | None = None,
+                 writer: ScalarWriter | None = None) -> None:
         self.config = config
         self.task = build_task(config)
         self.model = build_model(config, self.task) if model is None else model
@@ -274,6 +289,7 @@ class Trainer:
         self.next_step = 0
         self.initial_loss: float | None = None
         self.diverged_step: int | None = None
+        self.writer = writer
         self._window: list[float] = []  # training losses since the last history row
 
     @property
@@ -300,6 +316,8 @@ class Trainer:
         diverged = self._diverged(s, loss, grad_norm)
         if diverged or s % cfg.log_every == 0 or s == cfg.steps - 1 or self._eval_due(s):
             self.history.append(self._row(s, batch, lr, grad_norm, z.item(), diverged))
+            if self.writer is not None:
+                self._write(self.history[-1], batch)
         if diverged:
             self.diverged_step = s
         else:
@@ -343,6 +361,18 @@ class Trainer:
                 row["max_abs_logit"] = max(logits) if logits else None
         return row
 
+    def _write(self, row: dict[str, Any], batch: Batch) -> None:
+        """Send a history row to the writer: loss, lr, grad norm, eval, attention."""
+        step = row["step"]
+        for tag, key in (("train/loss", "loss"), ("train/lr", "lr"),
+                         ("train/grad_norm", "grad_norm"), ("eval/loss", "eval_loss"),
+                         ("eval/metric", "eval_metric")):
+            if row.get(key) is not None:
+                self.writer.add_scalar(tag, row[key], step)
+        if self.config.stats:
+            sample = head(batch, self.config.stats_batch)
+            log_attention(self.model, (sample.tokens, sample.scale), self.writer, step)
+
     def result(self, elapsed_s: float) -> RunResult:
         """Evaluate the final weights and assemble the record."""
         results = evaluate(self.model, self.task)
@@ -369,18 +399,47 @@ class Trainer:
         )
 
 
-def run(config: TrainConfig | Mapping[str, Any], progress: Progress | None = None) -> RunResult:
+def run(config: TrainConfig | Mapping[str, Any], progress: Progress | None = None,
+        tensorboard: str | Path | None = None) -> RunResult:
     """Train one model as ``config`` says and return its record; never raises for divergence.
 
     ``progress(steps_done, loss)`` is called after every step (the CLI drives its bar with it).
-    Bad configs raise ValueError (pydantic's ValidationError) before anything runs.
+    ``tensorboard``: a folder to write TensorBoard event files to (module docstring), noted in
+    the record. Bad configs raise ValueError (pydantic's ValidationError) before anything runs.
     """
     cfg = config if isinstance(config, TrainConfig) else TrainConfig(**config)
+    writer = None if tensorboard is None else open_tensorboard(tensorboard)
     start = time.perf_counter()
-    with num_threads(cfg.threads):
-        trainer = Trainer(cfg)
-        while not trainer.done:
-            loss = trainer.step()
-            if progress is not None:
-                progress(trainer.next_step, loss)
-        return trainer.result(time.perf_counter() - start)
+    try:
+        with num_threads(cfg.threads):
+            trainer = Trainer(cfg, writer=writer)
+            while not trainer.done:
+                loss = trainer.step()
+                if progress is not None:
+                    progress(trainer.next_step, loss)
+            result = trainer.result(time.perf_counter() - start)
+    finally:
+        if writer is not None:
+            writer.close()  # flushes the event file
+    result.tensorboard = None if tensorboard is None else str(tensorboard)
+    return result
+
+
+def tensorboard_available() -> bool:
+    """Whether ``torch.utils.tensorboard`` imports (it needs the ``tensorboard`` package)."""
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def open_tensorboard(folder: str | Path) -> Any:
+    """A ``torch.utils.tensorboard.SummaryWriter`` writing to ``folder`` (created if needed);
+    ValueError naming ``tensorboard`` and the extra to install when the package is missing."""
+    if not tensorboard_available():
+        raise ValueError(f"tensorboard needs the tensorboard package: "
+                         f"pip install 'attnscale[{TENSORBOARD_EXTRA}]'")
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir=str(folder))

@@ -104,6 +104,24 @@ def inspect_model(
     if not sentences:
         raise ValueError("sentences must not be empty")
     started = time.perf_counter()
+    n_tokens, (actual, unscaled, cosine) = monitored_stats(path, sentences, max_tokens,
+                                                           batch_size)
+    layers = _layers(actual, unscaled, cosine)
+    return {
+        "model": model if model != MINILM else "all-MiniLM-L6-v2",
+        "path": str(path),
+        "n_tokens": n_tokens,
+        "n_sentences": len(sentences),
+        "elapsed_s": time.perf_counter() - started,
+        "layers": layers,
+    }
+
+
+def monitored_stats(path: Path, sentences: list[str], max_tokens: int = MAX_TOKENS,
+                    batch_size: int = 16) -> tuple[int, tuple[dict, dict, dict]]:
+    """(real tokens, (actual, unscaled, cosine τ=1) statistics per layer) of the model in
+    ``path`` on ``sentences``: batches of ``batch_size``, truncated to ``max_tokens``, padding
+    query rows left out (``Monitor.query_mask``)."""
     hf_model, tokenizer = load_model(path)
     n_tokens = 0
     with torch.no_grad(), Monitor(hf_model, counterfactuals=True) as mon:
@@ -113,15 +131,7 @@ def inspect_model(
             mon.query_mask = batch["attention_mask"].bool()
             n_tokens += int(batch["attention_mask"].sum())
             hf_model(**batch)
-    layers = _layers(mon.stats(), mon.stats("dot"), mon.stats("cosine_tau1"))
-    return {
-        "model": model if model != MINILM else "all-MiniLM-L6-v2",
-        "path": str(path),
-        "n_tokens": n_tokens,
-        "n_sentences": len(sentences),
-        "elapsed_s": time.perf_counter() - started,
-        "layers": layers,
-    }
+    return n_tokens, (mon.stats(), mon.stats("dot"), mon.stats("cosine_tau1"))
 
 
 def load_model(path: Path) -> tuple[Any, Any]:

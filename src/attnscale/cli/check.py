@@ -1,0 +1,90 @@
+"""``attnscale check PATH``: per-head attention health of a local Hugging Face checkpoint, with an
+exit status a CI pipeline can gate on (0 healthy, 1 flagged, 2 bad input)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from attnscale.cli.app import app, console, print_json
+from attnscale.cli.tables import print_table
+from attnscale.integrations import checkup as C
+from attnscale.measure import inspection as I
+from attnscale.util.validate import check_input_file, check_output_folder
+
+FLAGGED = 1  # exit status when any head is flagged
+CHECK_COLUMNS = ("layer", "head", "logit std", "s_c", "max |logit|", "entropy", "ln n", "H/ln n",
+                 "max w", "sat. rows", "eff. keys", "H without 1/√d", "H cosine τ=1", "flags")
+DEFAULTS = C.Thresholds()
+
+
+@app.command("check")
+def check_command(
+    path: Annotated[str, typer.Argument(
+        help="A local Hugging Face model folder with *.safetensors weights, or 'minilm'.")],
+    text: Annotated[str | None, typer.Option("--text", help=escape(
+        "UTF-8 file, one input a line. [default: 64 fixed sentences]"))] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    plot: Annotated[str | None, typer.Option(
+        "--plot", help=f"Write {C.PLOT_NAME} (logit std / s_c against H/ln n) here.")] = None,
+    max_tokens: Annotated[int, typer.Option(min=2, help="Truncate inputs to this.")] = 128,
+    std_factor: Annotated[float, typer.Option(
+        min=0.0, help="Flag logit std above this × s_c = √(2 ln n).")] = DEFAULTS.std_factor,
+    uniform_above: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="Flag entropy / ln n above this.")] = DEFAULTS.uniform_above,
+    saturated_above: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="Flag a saturated-row fraction above this (1 = never).")
+    ] = DEFAULTS.saturated_above,
+) -> None:
+    """Is this checkpoint's attention healthy? inspect's per-head table, then one line per flag.
+
+    Frozen: logit std above s_c = √(2 ln n), where the softmax of n Gaussian logits freezes.
+    Near-uniform: entropy / ln n above 0.99. Saturated: most rows put > 0.9 on one key.
+    Exit status 0 when no head is flagged, 1 when one is, 2 on bad input.
+    Only safetensors weights are read; pickle checkpoints are refused, never loaded.
+    """
+    C.check_weights(path)  # a pickle-only folder fails here, before anything is read from it
+    if text is not None:
+        check_input_file("--text", text)
+    folder = check_output_folder("--plot", plot) if plot is not None else None
+    thresholds = C.Thresholds(std_factor, uniform_above, saturated_above)
+    sentences = I.sentences_from_file(text) if text is not None else None
+    with console.status(f"checking {path}"):
+        result = C.check_model(path, sentences, thresholds=thresholds, max_tokens=max_tokens,
+                               source=None if text is None else f"{len(sentences)} lines of "
+                               f"{text}")
+    if folder is not None:
+        console.print(f"wrote {C.plot_check(result, folder)}", soft_wrap=True)
+    if as_json:
+        print_json(result)
+    else:
+        print_check(result)
+    if not result["healthy"]:
+        raise typer.Exit(FLAGGED)
+
+
+def print_check(result: dict) -> None:
+    """The per-head table, then one line per flag and a verdict line, all on stdout."""
+    kinds: dict[tuple[int, int], list[str]] = {}
+    for f in result["flags"]:
+        kinds.setdefault((f["layer"], f["head"]), []).append(f["kind"])
+    title = (f"{result['model']}: {result['n_tokens']} tokens ({result['inputs']}), "
+             f"pre-softmax scores per head")
+    cells = [
+        (str(layer["layer"]), str(h["head"]), f"{h['logit_std']:.2f}", f"{h['critical_std']:.2f}",
+         f"{h['max_abs_logit']:.1f}", f"{h['entropy']:.2f}", f"{h['entropy_uniform']:.2f}",
+         f"{h['entropy_normalized']:.2f}", f"{h['max_weight']:.2f}",
+         f"{h['saturated_fraction']:.2f}", f"{h['effective_keys']:.1f}",
+         f"{h['entropy_unscaled']:.2f}", f"{h['entropy_cosine_tau1']:.2f}",
+         ",".join(kinds.get((layer["layer"], h["head"]), [])) or "-")
+        for layer in result["layers"] for h in layer["heads"]
+    ]
+    print_table(escape(title), CHECK_COLUMNS, cells, left=("flags",))
+    lines = [f"FLAG {f['message']}" for f in result["flags"]]
+    heads = sum(len(layer["heads"]) for layer in result["layers"])
+    lines.append(f"healthy: no flags in {heads} heads" if result["healthy"] else
+                 f"flagged: {len(result['flags'])} flag(s) on {len(kinds)} of {heads} heads")
+    sys.stdout.write("\n".join(lines) + "\n")

@@ -1,0 +1,294 @@
+"""``attnscale check PATH``: is the attention of a trained Hugging Face checkpoint healthy?
+
+:func:`check_model` runs a local model folder (safetensors weights only) on fixed inputs with the
+machinery of ``attnscale inspect`` (:func:`attnscale.measure.inspection.resolve_model_dir`,
+:func:`~attnscale.measure.inspection.load_model`, :class:`attnscale.measure.monitor.Monitor`),
+keeps inspect's per-head statistics plus the fraction of saturated rows, and :func:`flags` marks
+the heads that break one of these rules (defaults in :class:`Thresholds`):
+
+* ``frozen``: logit std s > f·s_c with s_c = √(2 ln n) (f = 1). For n i.i.d. N(0, s²) logits the
+  softmax is Derrida's Random Energy Model (Derrida 1981), which freezes at s_c: past it the
+  weight condenses on a vanishing fraction of the keys
+  (:func:`attnscale.measure.theory.rem_critical_scale`). Per head, ln n is the mean over its
+  query rows of ln n_i, n_i the keys row i sees (inspect's "ln n" column).
+* ``uniform``: entropy / ln n above 0.99. Below s_c the exact Gaussian-logit entropy is
+  H/ln n ≈ 1 − (s/s_c)² (:func:`attnscale.measure.theory.expected_entropy` gives 0.990–0.991 at
+  s = s_c/10 for n = 10…128), so 0.99 means logits spread less than a tenth of the freezing
+  scale: the head averages its keys, as a head at init does (weights of std 0.02 give s ≈ 0.01).
+* ``saturated``: more than half of the head's query rows put more than
+  :data:`attnscale.measure.stats.SATURATION` (0.9) of their weight on one key. The slope of the
+  winning weight, ∂p/∂ℓ = p(1 − p), is then below 0.09, a quarter of its value at p = ½, so
+  little gradient reaches those logits: the entropy collapse that Zhai et al. 2023
+  (arXiv:2303.06296) and Wortsman et al. 2023 (arXiv:2309.14322) tie to unstable training.
+  "More than half" is a convention: most of the head's rows are one-key lookups.
+* ``nonfinite``: the logits hold NaN or inf (weights that diverged).
+
+Pickle checkpoints (``pytorch_model.bin``, ``*.pt``, ``*.ckpt``, ...) are never loaded:
+unpickling runs arbitrary code. :func:`check_weights` refuses a folder without safetensors
+weights before anything is read from it, and the loader is asked for safetensors only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnscale.measure import inspection as I
+from attnscale.measure.stats import SATURATION
+from attnscale.util.validate import check_float, check_int
+
+__all__ = ["FLAG_KINDS", "Flag", "Thresholds", "check_model", "check_weights", "critical_std",
+           "flags", "mark_flags", "measure_heads", "number", "plot_check"]
+
+FLAG_KINDS = ("nonfinite", "frozen", "uniform", "saturated")
+PLOT_NAME = "attention_check.png"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a head is flagged (module docstring): logit std > ``std_factor``·s_c, entropy/ln n
+    > ``uniform_above``, saturated fraction of rows > ``saturated_above``."""
+
+    std_factor: float = 1.0
+    uniform_above: float = 0.99
+    saturated_above: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_float("std_factor", self.std_factor, low=0.0)
+        check_float("uniform_above", self.uniform_above, low=0.0, high=1.0, high_inclusive=True)
+        check_float("saturated_above", self.saturated_above, low=0.0, high=1.0,
+                    low_inclusive=True, high_inclusive=True)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One rule one head breaks: ``kind`` (one of :data:`FLAG_KINDS`), the head's ``value`` of
+    the statistic the rule reads and the ``limit`` it crossed."""
+
+    layer: int
+    head: int
+    kind: str
+    value: float
+    limit: float
+
+    def message(self) -> str:
+        """One line saying which head, what rule, and by how much."""
+        where = f"layer {self.layer} head {self.head}"
+        if self.kind == "frozen":
+            return (f"{where}: frozen: logit std {self.value:.2f} > {self.limit:.2f} "
+                    f"(std_factor × s_c, s_c = √(2 ln n) the REM freezing point at its input "
+                    f"length)")
+        if self.kind == "uniform":
+            return (f"{where}: near-uniform: entropy / ln n {self.value:.3f} > {self.limit:.3g} "
+                    f"(the head averages its keys)")
+        if self.kind == "saturated":
+            return (f"{where}: saturated: {self.value:.0%} of rows put > {SATURATION:g} of their "
+                    f"weight on one key (limit {self.limit:.0%})")
+        return f"{where}: logits not finite (max |logit| {self.value})"
+
+
+def critical_std(entropy_uniform: float) -> float:
+    """s_c = √(2 ln n) for a head whose rows see on average ln n = ``entropy_uniform`` keys
+    (in nats; the REM freezing point, Derrida 1981); NaN stays NaN."""
+    return math.sqrt(2.0 * max(number(entropy_uniform), 0.0))
+
+
+def number(value: Any) -> float:
+    """``value`` as a float; None (a NaN after a JSON round trip) as NaN."""
+    return math.nan if value is None else float(value)
+
+
+def flags(result: dict[str, Any], thresholds: Thresholds | None = None) -> list[Flag]:
+    """The flags of a :func:`check_model` result (pure: reads ``result["layers"]`` only).
+
+    Each head needs ``logit_std``, ``max_abs_logit``, ``entropy_uniform`` (mean ln n_i),
+    ``entropy_normalized`` (mean H_i / ln n_i) and ``saturated_fraction``. A head with non-finite
+    logits gets only the ``nonfinite`` flag; heads whose rows see one key (ln n = 0) have no
+    freezing point and no entropy scale, so only saturation is checked for them.
+    """
+    t = Thresholds() if thresholds is None else thresholds
+    if not isinstance(t, Thresholds):
+        raise TypeError(f"thresholds must be a Thresholds, got {type(t).__name__}")
+    out: list[Flag] = []
+    for layer in result["layers"]:
+        for h in layer["heads"]:
+            at = (int(layer["layer"]), int(h["head"]))
+            std, top = number(h["logit_std"]), number(h["max_abs_logit"])
+            if not (math.isfinite(std) and math.isfinite(top)):
+                out.append(Flag(*at, "nonfinite", top if not math.isfinite(top) else std, 0.0))
+                continue
+            log_n = number(h["entropy_uniform"])
+            limit = t.std_factor * critical_std(log_n)
+            if log_n > 0 and std > limit:  # NaN compares False: no flag from a missing value
+                out.append(Flag(*at, "frozen", std, limit))
+            uniform = number(h["entropy_normalized"])
+            if log_n > 0 and uniform > t.uniform_above:
+                out.append(Flag(*at, "uniform", uniform, t.uniform_above))
+            saturated = number(h["saturated_fraction"])
+            if saturated > t.saturated_above:
+                out.append(Flag(*at, "saturated", saturated, t.saturated_above))
+    return out
+
+
+def check_weights(path: str | Path) -> Path:
+    """The model folder of ``path`` ("minilm" or a local folder) if it holds safetensors weights.
+
+    Decided from file names alone, before anything in the folder is opened: a folder whose
+    weights are only pickle checkpoints is refused with a ValueError naming PATH, so its
+    pickles are never unpickled. The rest (config.json present) is
+    :func:`attnscale.measure.inspection.resolve_model_dir`'s check.
+    """
+    folder = I.minilm_path() if str(path) == I.MINILM else Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"PATH must be 'minilm' or a local model folder; {str(folder)!r} is "
+                         f"not a folder")
+    if not any(p.is_file() for p in folder.glob("*.safetensors")):
+        pickles = sorted(p.name for p in folder.iterdir()
+                         if p.suffix in (*I.PICKLE_SUFFIXES, ".pickle"))
+        found = (f"only pickle checkpoint(s) {', '.join(pickles)}, which check never loads "
+                 f"(unpickling runs code); resave with save_pretrained(safe_serialization=True)"
+                 if pickles else "no *.safetensors weights")
+        raise ValueError(f"PATH {str(folder)!r} holds {found}")
+    return I.resolve_model_dir(str(path))
+
+
+def check_model(
+    model: str = I.MINILM,
+    sentences: list[str] | None = None,
+    *,
+    source: str | None = None,
+    thresholds: Thresholds | None = None,
+    max_tokens: int = I.MAX_TOKENS,
+    batch_size: int = 16,
+) -> dict[str, Any]:
+    """Run ``model`` ("minilm" or a local folder) on ``sentences`` (default: the fixed
+    :func:`attnscale.measure.inspection.default_sentences`) and flag its heads.
+
+    Returns inspect's record (``model``, ``path``, ``n_tokens``, ``n_sentences``, ``elapsed_s``,
+    ``layers`` with inspect's per-head keys plus ``entropy_normalized``, ``saturated_fraction``
+    and ``critical_std``) with ``inputs`` (``source``, else what the default inputs are),
+    ``thresholds``, ``flags`` (dicts of :class:`Flag` plus ``message``) and ``healthy``.
+    """
+    thresholds = Thresholds() if thresholds is None else thresholds
+    path = check_weights(model)  # before any load: a pickle-only folder is never opened
+    default = sentences is None
+    sentences = I.default_sentences() if default else list(sentences)
+    if not sentences or not all(isinstance(s, str) for s in sentences):
+        raise ValueError("sentences must be a non-empty list of strings")
+    check_int("max_tokens", max_tokens, minimum=2)
+    check_int("batch_size", batch_size, minimum=1)
+    started = time.perf_counter()
+    n_tokens, layers = measure_heads(path, sentences, max_tokens, batch_size)
+    result = {
+        "model": "all-MiniLM-L6-v2" if model == I.MINILM else str(model),
+        "path": str(path),
+        "inputs": source or (f"{len(sentences)} fixed sentences from pydoc_data.topics" if default
+                             else f"{len(sentences)} given inputs"),
+        "n_tokens": n_tokens,
+        "n_sentences": len(sentences),
+        "elapsed_s": time.perf_counter() - started,
+        "thresholds": asdict(thresholds),
+        "layers": layers,
+    }
+    found = flags(result, thresholds)
+    result["flags"] = [{**asdict(f), "message": f.message()} for f in found]
+    result["healthy"] = not found
+    return result
+
+
+def measure_heads(path: Path, sentences: list[str], max_tokens: int, batch_size: int
+                  ) -> tuple[int, list[dict[str, Any]]]:
+    """(real tokens, per-layer head rows) of the model in ``path`` on ``sentences``, as
+    :func:`attnscale.measure.inspection.inspect_model` measures them (padding rows left out,
+    counterfactual entropies without 1/√d and with cosine τ = 1), plus the saturated fraction
+    and H/ln n of each head."""
+    n_tokens, (actual, unscaled, cosine) = I.monitored_stats(path, sentences, max_tokens,
+                                                             batch_size)
+    layers = []
+    for index, name in enumerate(actual):
+        a, u, c = actual[name], unscaled[name], cosine[name]
+        heads = [{
+            "head": h,
+            "logit_std": float(a.logit_std[h]),
+            "critical_std": critical_std(a.entropy_uniform[h]),
+            "max_abs_logit": float(a.max_abs_logit[h]),
+            "entropy": float(a.entropy[h]),
+            "entropy_uniform": float(a.entropy_uniform[h]),
+            "entropy_normalized": float(a.entropy_normalized[h]),
+            "max_weight": float(a.max_weight[h]),
+            "saturated_fraction": float(a.saturated_fraction[h]),
+            "effective_keys": float(a.effective_keys[h]),
+            "entropy_unscaled": float(u.entropy[h]),
+            "entropy_cosine_tau1": float(c.entropy[h]),
+        } for h in range(len(a.entropy))]
+        layers.append({"layer": index, "name": name, "heads": heads})
+    return n_tokens, layers
+
+
+def mark_flags(ax: Any, heads: list[tuple[int, int]], x: np.ndarray, y: np.ndarray,
+               found: list[dict[str, Any]], labels: int = 10) -> None:
+    """Ring flagged heads in red (a square for saturated or non-finite ones) and label
+    "layer.head" on those and on the ``labels`` flagged heads furthest right, so a crowd of
+    heads just past s_c does not bury the labels."""
+    kinds: dict[tuple[int, int], set[str]] = {}
+    for f in found:
+        kinds.setdefault((f["layer"], f["head"]), set()).add(f["kind"])
+    at = {head: i for i, head in enumerate(heads)}
+    flagged = [at[head] for head in kinds if head in at]
+    shown = set(sorted(flagged, key=lambda i: -np.nan_to_num(x[i], nan=np.inf))[:labels])
+    for i in flagged:
+        square = bool(kinds[heads[i]] & {"saturated", "nonfinite"})
+        ax.scatter([x[i]], [y[i]], s=130 if square else 110, marker="s" if square else "o",
+                   facecolors="none", edgecolors="red", lw=1.4, zorder=4)
+        if square or i in shown:
+            ax.annotate(f"{heads[i][0]}.{heads[i][1]}", (x[i], y[i]), xytext=(5, 4),
+                        textcoords="offset points", fontsize=7, color="red")
+
+
+def plot_check(result: dict[str, Any], folder: str | Path, dpi: int = 160) -> str:
+    """One PNG, ``folder/attention_check.png``: every head as a point of logit std / s_c (x)
+    against entropy / ln n (y), coloured by layer, flagged heads ringed in red
+    (:func:`mark_flags`); the flag limits as dashed lines, and the exact curve for n i.i.d. Gaussian
+    logits at the heads' median n (:func:`attnscale.measure.theory.expected_entropy`) for
+    reference. Returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnscale.measure.theory import expected_entropy
+
+    check_int("dpi", dpi, minimum=150)
+    heads = [(layer["layer"], h) for layer in result["layers"] for h in layer["heads"]]
+    x = np.array([h["logit_std"] / max(h["critical_std"], 1e-12) for _, h in heads])
+    y = np.array([h["entropy_normalized"] for _, h in heads])
+    flagged = {(f["layer"], f["head"]) for f in result["flags"]}
+    t = result["thresholds"]
+    fig, ax = plt.subplots(figsize=(7.5, 5.2), layout="constrained")
+    n = max(2, round(math.exp(float(np.median([h["entropy_uniform"] for _, h in heads])))))
+    ratios = np.linspace(0.0, max(float(np.nanmax(x, initial=1.0)), t["std_factor"]) * 1.1, 120)
+    curve = [float(expected_entropy(n, r * critical_std(math.log(n)))) / math.log(n)
+             for r in ratios]
+    ax.plot(ratios, curve, color="0.55", lw=1.2, label=f"i.i.d. Gaussian logits, n = {n}")
+    points = ax.scatter(x, y, c=[layer for layer, _ in heads], cmap="viridis", s=28, zorder=3)
+    fig.colorbar(points, ax=ax, label="layer")
+    mark_flags(ax, [(layer, h["head"]) for layer, h in heads], x, y, result["flags"])
+    ax.axvline(t["std_factor"], color="red", ls="--", lw=1,
+               label=f"frozen: std > {t['std_factor']:g}·$s_c$, $s_c=\\sqrt{{2\\ln n}}$")
+    ax.axhline(t["uniform_above"], color="orange", ls="--", lw=1,
+               label=f"near-uniform: $H/\\ln n$ > {t['uniform_above']:g}")
+    ax.set(xlabel="logit std / $s_c$ (per head)", ylabel="entropy / ln n", ylim=(-0.03, 1.05))
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(f"{result['model']}: {len(flagged)} of {len(heads)} heads flagged (red ring; "
+                 f"square: saturated rows)\n"
+                 f"inputs: {result['inputs']}, {result['n_tokens']} tokens", fontsize=10)
+    out = Path(folder) / PLOT_NAME
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+    return str(out)

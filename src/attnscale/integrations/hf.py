@@ -1,0 +1,200 @@
+"""Attention health inside a Hugging Face ``Trainer``: a callback that measures one training step
+in ``every_n_steps`` through :class:`attnscale.measure.monitor.Monitor`, logs it through the
+Trainer's own ``log`` (so every ``report_to`` backend receives it) and raises an alarm before the
+loss diverges.
+
+    trainer = Trainer(model=model, args=TrainingArguments(..., report_to=["tensorboard"]), ...)
+    health = AttentionHealthCallback(trainer, every_n_steps=50, stop=False)  # registers itself
+    trainer.train()
+    health.record()   # {"alarm_step": ..., "diverged_step": ..., "lead_time": ..., ...}
+
+How a sampled step is measured: the Monitor wraps the step's own training forward (entered at
+``on_step_begin``, left at ``on_step_end``), so no extra forward pass runs. Under autograd (and
+with attention dropout) the Monitor lets the model's own SDPA call compute the output and
+computes the statistics beside it from the detached q and k: the training output, the loss and
+the gradients are those of an unmonitored step (tests check bitwise equality of the trained
+weights). The statistics are of the logits of that step's batch (all its micro-batches under
+gradient accumulation), with padding query rows left out; attention dropout acts after the
+softmax and does not touch them. Outside sampled steps no hook is installed.
+
+How the values reach ``report_to``: transformers calls the reporting callbacks (TensorBoard,
+W&B, ...) before user callbacks, and a callback gets no trainer handle, so editing the ``logs``
+dict in ``on_log`` would come too late for them. The callback therefore keeps a reference to
+the Trainer (given to the constructor or :meth:`AttentionHealthCallback.attach`) and calls
+``trainer.log(values)`` in ``on_step_end`` of a sampled step, as TRL's callbacks do; the
+Trainer adds the entry to ``state.log_history`` and every reporter writes it at that global
+step (TensorBoard under ``train/attention/...``). ``trainer.log`` resets ``control.should_log``,
+which the callback restores, so the Trainer's own loss log of that step still happens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from torch import nn
+from transformers import TrainerCallback
+
+from attnscale.integrations.health import (
+    AttentionAlarm,
+    HealthThresholds,
+    LossDivergence,
+    check_prefix,
+    health_scalars,
+)
+from attnscale.integrations.tensorboard import checked_flat_stats, padding_query_mask
+from attnscale.measure.monitor import Monitor
+from attnscale.util.validate import check_int
+
+__all__ = ["AttentionHealthCallback"]
+
+
+class AttentionHealthCallback(TrainerCallback):
+    """Per-layer attention health every ``every_n_steps`` optimizer steps, with an alarm.
+
+    Logged at each sampled step s (steps every_n_steps, 2·every_n_steps, ...), through
+    ``trainer.log``: ``{prefix}/{layer}/{statistic}`` for the statistics of
+    :data:`attnscale.integrations.health.HEALTH_STATISTICS` (max |logit|, logit std,
+    entropy / ln n, saturated fraction, z-loss), and ``{prefix}/alarms``, the number of layers
+    whose alarm has fired so far.
+
+    Args:
+        trainer: the ``transformers.Trainer`` to log through; the callback adds itself to it.
+            None: call :meth:`attach` before training.
+        every_n_steps: measure one optimizer step in this many.
+        thresholds: when the alarm fires (:class:`HealthThresholds`; default max |logit| 1e4,
+            entropy / ln n 0.1).
+        stop: end training (``control.should_training_stop``) at the step the alarm fires.
+        prefix: the first part of every logged key.
+        loss_jump: the loss divergence test (:class:`LossDivergence`): a logged loss above
+            ``loss_jump`` times the lowest earlier one, or a non-finite loss or gradient norm;
+            None: non-finite only.
+        warn: issue an :class:`AttentionHealthWarning` once per layer when the alarm fires.
+
+    After training: :attr:`alarm` (its ``fired`` {layer: step} and ``events``),
+    :attr:`alarm_step`, :attr:`diverged_step`, :attr:`lead_time`, :attr:`history` (step,
+    values) of every sampled step, and :meth:`record`.
+    """
+
+    def __init__(self, trainer: Any = None, *, every_n_steps: int = 50,
+                 thresholds: HealthThresholds | None = None, stop: bool = False,
+                 prefix: str = "attention", loss_jump: float | None = 2.0,
+                 warn: bool = True) -> None:
+        self.every_n_steps = check_int("every_n_steps", every_n_steps, minimum=1)
+        if not isinstance(stop, bool):
+            raise TypeError(f"stop must be a bool, got {type(stop).__name__}")
+        self.prefix = check_prefix(prefix)
+        self.stop = stop
+        self.alarm = AttentionAlarm(thresholds, warn=warn)
+        self.divergence = LossDivergence(loss_jump)
+        self.history: list[tuple[int, dict[str, float]]] = []
+        self.stopped_at: int | None = None
+        self.trainer: Any = None
+        self._monitor: Monitor | None = None
+        self._hook: Any = None
+        if trainer is not None:
+            self.attach(trainer)
+
+    def attach(self, trainer: Any) -> AttentionHealthCallback:
+        """Log through ``trainer`` (a ``transformers.Trainer``) and add this callback to it
+        unless it is there already (e.g. passed as ``Trainer(callbacks=[...])``)."""
+        handler = getattr(trainer, "callback_handler", None)
+        if not callable(getattr(trainer, "log", None)) or handler is None:
+            raise TypeError(f"trainer must be a transformers.Trainer, got "
+                            f"{type(trainer).__name__}")
+        self.trainer = trainer
+        if not any(cb is self for cb in handler.callbacks):
+            trainer.add_callback(self)
+        return self
+
+    # -- what the run found -------------------------------------------------------------------
+
+    @property
+    def alarm_step(self) -> int | None:
+        """The step of the first alarm (None: it never fired)."""
+        return self.alarm.first_step
+
+    @property
+    def diverged_step(self) -> int | None:
+        """The logged step at which the loss diverged (:class:`LossDivergence`), or None."""
+        return self.divergence.diverged_step
+
+    @property
+    def lead_time(self) -> int | None:
+        """diverged_step − alarm_step: how many steps the alarm came before the divergence
+        (negative: after it); None unless both happened."""
+        diverged = self.diverged_step
+        return None if diverged is None else self.alarm.lead_time(diverged)
+
+    def record(self) -> dict[str, Any]:
+        """What the run found, JSON-ready."""
+        return {
+            "every_n_steps": self.every_n_steps,
+            "thresholds": asdict(self.alarm.thresholds),
+            "alarm_step": self.alarm_step,
+            "fired": dict(self.alarm.fired),
+            "events": [event.to_dict() for event in self.alarm.events],
+            "diverged_step": self.diverged_step,
+            "lead_time": self.lead_time,
+            "stopped_at": self.stopped_at,
+            "sampled_steps": [step for step, _ in self.history],
+        }
+
+    # -- Trainer events -----------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, model: nn.Module | None = None, **kwargs):
+        if self.trainer is None:
+            raise RuntimeError(
+                "AttentionHealthCallback logs through the Trainer: create it with "
+                "AttentionHealthCallback(trainer, ...) or call callback.attach(trainer)")
+        self._close()  # a monitor left open by a run that raised
+        with Monitor(model):  # fails now, not at the first sampled step, on a model it can't watch
+            pass
+
+    def on_step_begin(self, args, state, control, model: nn.Module | None = None, **kwargs):
+        if (state.global_step + 1) % self.every_n_steps == 0:
+            self._open(model)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._monitor is None:
+            return
+        flat = self._close()
+        step = state.global_step
+        values = health_scalars(flat, self.prefix)
+        events = self.alarm.update(step, flat)
+        self.history.append((step, values))
+        should_log = control.should_log
+        self.trainer.log({**values, f"{self.prefix}/alarms": float(len(self.alarm.fired))})
+        control.should_log = should_log  # trainer.log cleared it: keep the Trainer's own log
+        if events and self.stop:
+            control.should_training_stop = True
+            self.stopped_at = step
+
+    def on_log(self, args, state, control, logs: dict[str, float] | None = None, **kwargs):
+        if logs and "loss" in logs:
+            self.divergence.update(state.global_step, logs["loss"], logs.get("grad_norm"))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._close()
+
+    # -- the monitor of a sampled step --------------------------------------------------------
+
+    def _open(self, model: nn.Module) -> None:
+        monitor = Monitor(model)
+
+        def padding_rows(module, args, kwargs):  # each forward: that batch's padding rows
+            monitor.query_mask = padding_query_mask(module, kwargs)
+
+        monitor.__enter__()
+        self._hook = model.register_forward_pre_hook(padding_rows, with_kwargs=True)
+        self._monitor = monitor
+
+    def _close(self) -> dict[str, float]:
+        """Remove the hooks; the flat statistics recorded (:func:`checked_flat_stats`; {} if no
+        monitor was open)."""
+        monitor, self._monitor = self._monitor, None
+        if monitor is None:
+            return {}
+        self._hook.remove()
+        monitor.__exit__(None, None, None)
+        return checked_flat_stats(monitor)

