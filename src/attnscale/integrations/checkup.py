@@ -209,24 +209,10 @@ def measure_heads(path: Path, sentences: list[str], max_tokens: int, batch_size:
     and H/ln n of each head."""
     n_tokens, (actual, unscaled, cosine) = I.monitored_stats(path, sentences, max_tokens,
                                                              batch_size)
-    layers = []
-    for index, name in enumerate(actual):
-        a, u, c = actual[name], unscaled[name], cosine[name]
-        heads = [{
-            "head": h,
-            "logit_std": float(a.logit_std[h]),
-            "critical_std": critical_std(a.entropy_uniform[h]),
-            "max_abs_logit": float(a.max_abs_logit[h]),
-            "entropy": float(a.entropy[h]),
-            "entropy_uniform": float(a.entropy_uniform[h]),
-            "entropy_normalized": float(a.entropy_normalized[h]),
-            "max_weight": float(a.max_weight[h]),
-            "saturated_fraction": float(a.saturated_fraction[h]),
-            "effective_keys": float(a.effective_keys[h]),
-            "entropy_unscaled": float(u.entropy[h]),
-            "entropy_cosine_tau1": float(c.entropy[h]),
-        } for h in range(len(a.entropy))]
-        layers.append({"layer": index, "name": name, "heads": heads})
+    layers = I.head_rows(actual, unscaled, cosine)
+    for layer in layers:
+        for head in layer["heads"]:
+            head["critical_std"] = critical_std(head["entropy_uniform"])
     return n_tokens, layers
 
 

@@ -95,9 +95,8 @@ def inspect_model(
 ) -> dict[str, Any]:
     """Run the model on ``sentences`` under :class:`attnscale.measure.monitor.Monitor`.
 
-    Returns {"model", "n_tokens", "n_sentences", "elapsed_s", "layers": [{"layer", "heads":
-    [{"head", "logit_std", "max_abs_logit", "entropy", "entropy_uniform", "max_weight",
-    "effective_keys", "entropy_unscaled", "entropy_cosine_tau1"}]}]}.
+    Returns {"model", "path", "n_tokens", "n_sentences", "elapsed_s", "layers": [{"layer",
+    "name", "heads": [one dict a head, :func:`head_rows`]}]}.
     """
     path = resolve_model_dir(model)
     sentences = default_sentences() if sentences is None else sentences
@@ -106,7 +105,7 @@ def inspect_model(
     started = time.perf_counter()
     n_tokens, (actual, unscaled, cosine) = monitored_stats(path, sentences, max_tokens,
                                                            batch_size)
-    layers = _layers(actual, unscaled, cosine)
+    layers = head_rows(actual, unscaled, cosine)
     return {
         "model": model if model != MINILM else "all-MiniLM-L6-v2",
         "path": str(path),
@@ -151,23 +150,27 @@ def load_model(path: Path) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _layers(actual: dict, unscaled: dict, cosine: dict) -> list[dict[str, Any]]:
+def head_rows(actual: dict, unscaled: dict, cosine: dict) -> list[dict[str, Any]]:
+    """Per layer, one dict a head: the statistics of the scores the model used (logit std and
+    max |logit|, entropy, entropy / ln n, max weight, saturated rows, effective keys) and the
+    entropies it would have without 1/√d and with cosine τ = 1, from
+    :meth:`attnscale.measure.monitor.Monitor.stats` of each."""
     out = []
     for index, name in enumerate(actual):
         a, u, c = actual[name], unscaled[name], cosine[name]
-        heads = []
-        for h in range(len(a.entropy)):
-            heads.append({
-                "head": h,
-                "logit_std": float(a.logit_std[h]),
-                "max_abs_logit": float(a.max_abs_logit[h]),
-                "entropy": float(a.entropy[h]),
-                "entropy_uniform": float(a.entropy_uniform[h]),
-                "max_weight": float(a.max_weight[h]),
-                "effective_keys": float(a.effective_keys[h]),
-                "entropy_unscaled": float(u.entropy[h]),
-                "entropy_cosine_tau1": float(c.entropy[h]),
-            })
+        heads = [{
+            "head": h,
+            "logit_std": float(a.logit_std[h]),
+            "max_abs_logit": float(a.max_abs_logit[h]),
+            "entropy": float(a.entropy[h]),
+            "entropy_uniform": float(a.entropy_uniform[h]),
+            "entropy_normalized": float(a.entropy_normalized[h]),
+            "max_weight": float(a.max_weight[h]),
+            "saturated_fraction": float(a.saturated_fraction[h]),
+            "effective_keys": float(a.effective_keys[h]),
+            "entropy_unscaled": float(u.entropy[h]),
+            "entropy_cosine_tau1": float(c.entropy[h]),
+        } for h in range(len(a.entropy))]
         out.append({"layer": index, "name": name, "heads": heads})
     return out
 
