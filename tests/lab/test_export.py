@@ -25,14 +25,24 @@ def test_flat_row_nested_config():
     assert row["config.eval_multipliers"] == "[1, 2]"
 
 
-def test_parquet_needs_pyarrow(store, tmp_path):
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        try:
-            import pandas  # noqa: F401
-        except ImportError:
-            with pytest.raises(ValueError, match="install pyarrow"):
-                write_parquet(store.runs(), tmp_path / "r.parquet")
-            return
+def test_parquet_needs_pyarrow(store, tmp_path, monkeypatch):
+    """Without pyarrow (pandas installed or not) a clear error names the extra."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pyarrow(name, *args, **kwargs):
+        if name.split(".")[0] == "pyarrow":
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pyarrow)
+    with pytest.raises(ValueError, match=r"--parquet needs pyarrow.*attnscale\[parquet\]"):
+        write_parquet(store.runs(), tmp_path / "r.parquet")
+    assert not (tmp_path / "r.parquet").exists()
+
+
+def test_parquet_round_trip(store, tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is not installed")
     assert write_parquet(store.runs(), tmp_path / "r.parquet") == 3
+    assert pq.read_table(tmp_path / "r.parquet").num_rows == 3

@@ -44,21 +44,18 @@ def write_csv(runs: Iterable[Mapping[str, Any]], path: str | Path) -> int:
 
 
 def write_parquet(runs: Iterable[Mapping[str, Any]], path: str | Path) -> int:
-    """Write runs as Parquet with pyarrow (or pandas); returns the number of rows."""
+    """Write runs as Parquet with pyarrow; returns the number of rows. Raises ValueError naming
+    ``--parquet`` and the extra that installs pyarrow when it is missing (pandas alone cannot
+    write Parquet: it calls pyarrow or fastparquet itself)."""
     rows = [flat_row(r) for r in runs]
     columns = _columns(rows)
     table = {c: [r.get(c) for r in rows] for c in columns}
-    try:  # optional dependencies, imported only when Parquet is asked for
+    try:  # an optional dependency, imported only when Parquet is asked for
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        try:
-            import pandas as pd
-        except ImportError:
-            raise ValueError("--parquet needs pyarrow: pip install 'attnscale[parquet]' "
-                             "(or pip install pyarrow)") from None
-        pd.DataFrame(table, columns=columns).to_parquet(path)
-        return len(rows)
+        raise ValueError("--parquet needs pyarrow: pip install 'attnscale[parquet]' "
+                         "(or pip install pyarrow)") from None
     pq.write_table(pa.table(table), str(path))
     return len(rows)
 
