@@ -10,7 +10,7 @@ import pickle
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from attnscale.cli import run as cli_run
@@ -78,10 +78,15 @@ def test_the_uniform_limit_is_a_tenth_of_the_freezing_scale():
 
 @given(std=st.floats(0, 20), h=st.floats(0, 1), sat=st.floats(0, 1),
        bump=st.floats(0, 0.5))
-def test_stricter_limits_never_remove_a_flag(std, h, sat, bump):
+@example(std=0.0, h=0.995, sat=0.0, bump=0.0)  # the defaults themselves: same flags
+@example(std=0.0, h=0.9375, sat=0.6, bump=0.005)  # between the default and a looser limit
+def test_looser_limits_never_add_a_flag(std, h, sat, bump):
+    """Raising any limit above its default (by ``bump``) can only remove flags."""
     res = result_of({"logit_std": std, "entropy_normalized": h, "saturated_fraction": sat})
-    loose = C.Thresholds(std_factor=1.0 + bump, uniform_above=min(1.0, 0.9 + bump),
-                         saturated_above=min(1.0, 0.5 + bump))
+    default = C.Thresholds()
+    loose = C.Thresholds(std_factor=default.std_factor + bump,
+                         uniform_above=min(1.0, default.uniform_above + bump),
+                         saturated_above=min(1.0, default.saturated_above + bump))
     assert set(kinds(res, loose)) <= set(kinds(res))
 
 
