@@ -15,7 +15,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev,hf,ray]'
+	$(BIN)/python -m pip install -q -e '.[dev,hf,ray,parquet]'
 	# the native kernels (soft-capping attention, monitor statistics): built once here, about
 	# 40 s each, then loaded from PyTorch's extension cache; a machine that cannot build them
 	# gets the Python paths (the command says which)

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLI = ROOT / "src" / "attnscale" / "cli"
 runner = CliRunner()
 WIDE = {"COLUMNS": "400", "TERMINAL_WIDTH": "400"}
+MAKEFILE_EXTRAS = re.compile(r"pip install .*-e '\.\[([a-z,]+)\]'")  # the extras `make` installs
 
 
 def flat(text: str) -> str:
@@ -239,12 +240,52 @@ def test_the_parquet_extra_holds_pyarrow_and_the_error_names_it(db, tmp_path, mo
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert any(dep.startswith("pyarrow") for dep in extras[lab.PARQUET_EXTRA])
+    assert "parquet" in MAKEFILE_EXTRAS.search((ROOT / "Makefile").read_text())[1].split(",")
     monkeypatch.setattr(lab.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"--parquet .*attnscale\[parquet\]"):
         lab.check_parquet_engine()
+
+
+def hide_pyarrow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyarrow is not installed, as far as the CLI can tell; every other module (pandas
+    included, a stub if it is not installed) is found."""
+    real = lab.importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        if name.split(".")[0] == "pyarrow":
+            return None
+        return real(name, *args, **kwargs) or object()
+
+    monkeypatch.setattr(lab.importlib.util, "find_spec", find_spec)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # and importing it fails
+
+
+@pytest.mark.parametrize("also", [[], ["--json"], ["--csv", "{dir}/r.csv"]])
+def test_parquet_without_pyarrow_is_one_line_exit_2_even_with_pandas(db, tmp_path, monkeypatch,
+                                                                      capsys, also):
     from attnscale.cli import run as cli_run
 
-    assert cli_run(["results", "--db", db, "--parquet", str(tmp_path / "r.parquet")]) == 2
+    hide_pyarrow(monkeypatch)
+    assert lab.importlib.util.find_spec("pandas") is not None
+    target = tmp_path / "r.parquet"
+    args = [a.replace("{dir}", str(tmp_path)) for a in also]
+    assert cli_run(["results", "--db", db, "--parquet", str(target), *args]) == 2
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        "error: --parquet needs pyarrow: install pyarrow with pip install 'attnscale[parquet]'"]
+    assert out == ""  # nothing printed and nothing written before the error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.db"]
+
+
+def test_parquet_with_pyarrow_writes_every_run(db, tmp_path, capsys):
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is not installed (make test "
+                             "installs it: the parquet extra)")
+    from attnscale.cli import run as cli_run
+
+    target = tmp_path / "r.parquet"
+    assert cli_run(["results", "--db", db, "--parquet", str(target)]) == 0
+    assert capsys.readouterr().err.split() == ["wrote", "2", "runs", "to", str(target)]
+    assert sorted(pq.read_table(target).column("id").to_pylist()) == ["r-acc", "r-bpc"]
 
 
 # -- 9. the report's verdict table: questions answered, a smoke test said so ------------------

@@ -273,3 +273,153 @@ def test_minilm_flags_its_sink_head_and_passes_with_looser_limits(minilm_text, c
     assert (code, res["flags"]) == (0, [])
     assert res["thresholds"] == {"std_factor": 10.0, "uniform_above": 0.99,
                                  "saturated_above": 1.0}
+
+
+# -- --skip-head: accepted heads are shown, marked, and change nothing ------------------------
+
+def checked(result: dict, thresholds: C.Thresholds | None = None) -> dict:
+    """``result`` with its flags as check_model records them (dicts with a message)."""
+    found = [{**vars(f), "message": f.message()} for f in C.flags(result, thresholds)]
+    return {**result, "flags": found, "healthy": not found}
+
+
+def heads_flagged(res: dict) -> list[str]:
+    """The flagged heads as "L.H", in layer then head order."""
+    return [f"{layer}.{head}" for layer, head in sorted({(f["layer"], f["head"])
+                                                         for f in res["flags"]})]
+
+
+@pytest.mark.parametrize("spec,head", [("0.2", (0, 2)), (" 11.0 ", (11, 0)), ((3, 4), (3, 4)),
+                                       ("007.10", (7, 10))])
+def test_head_specs(spec, head):
+    assert C.head_of(spec) == head
+
+
+@pytest.mark.parametrize("spec,error", [
+    ("0", ValueError), ("0.", ValueError), (".2", ValueError), ("a.b", ValueError),
+    ("0.2.1", ValueError), ("-1.0", ValueError), ("1.5e0", ValueError), ("", ValueError),
+    ("0,2", ValueError), ((0, 2, 1), TypeError), ((0.0, 2), TypeError), ((True, 2), TypeError),
+    (2, TypeError), (None, TypeError),
+])
+def test_bad_head_specs_name_the_argument(spec, error):
+    with pytest.raises(error, match=r"^--skip-head"):
+        C.head_of(spec, "--skip-head")
+    with pytest.raises(error, match=r"^skip_heads"):
+        C.heads_of([spec])
+
+
+def test_a_lone_string_is_not_a_list_of_heads():
+    with pytest.raises(TypeError, match="skip_heads must be a list"):
+        C.heads_of("0.2")
+
+
+def test_skipped_heads_move_their_flags_and_replace_earlier_skips():
+    res = checked(result_of({"logit_std": 9.0, "saturated_fraction": 0.6}, {},
+                            {"entropy_normalized": 0.995}))
+    every = res["flags"]
+    assert [(f["head"], f["kind"]) for f in every] == [
+        (0, "frozen"), (0, "saturated"), (2, "uniform")]
+    C.apply_skips(res, ["0.0", (0, 1)])
+    assert res["flags"] == every[2:] and res["skipped_flags"] == every[:2]
+    assert not res["healthy"] and res["skip_heads"] == ["0.0", "0.1"]
+    assert [h["skipped"] for h in res["layers"][0]["heads"]] == [True, True, False]
+    C.apply_skips(res, ["0.2", "0.0"])
+    assert (res["flags"], res["skipped_flags"], res["healthy"]) == ([], every, True)
+    C.apply_skips(res, [])  # no skips: everything back, in flags()' order
+    assert (res["flags"], res["skipped_flags"], res["healthy"]) == (every, [], False)
+    assert json.loads(json.dumps(res)) == res  # stays plain JSON
+
+
+@pytest.mark.parametrize("spec", ["1.0", "0.3", "9.9"])
+def test_a_head_the_model_lacks_is_a_value_error(spec):
+    res = checked(result_of({}, {}, {}))
+    with pytest.raises(ValueError, match=rf"^--skip-head: {spec} is not a head .*1 layers of 3"):
+        C.apply_skips(res, [spec], "--skip-head")
+    assert "skip_heads" not in res and res["flags"] == []  # untouched
+
+
+def skip_args(heads: list[str]) -> list[str]:
+    return [arg for head in heads for arg in ("--skip-head", head)]
+
+
+def flags_column(stdout: str) -> dict[str, str]:
+    """{"L.H": the flags cell} from the plain table ``attnscale check`` prints."""
+    lines = stdout.splitlines()
+    header = lines[1].split("\t")
+    rows = [line.split("\t") for line in lines[2:] if line.count("\t") == len(header) - 1]
+    return {f"{r[0]}.{r[1]}": r[-1] for r in rows}
+
+
+@pytest.mark.parametrize("model", ["sharp", "init"])
+def test_skipping_every_flagged_head_exits_0(model, berts, capsys):
+    code, plain = check_json([str(berts[model])], capsys)
+    flagged = heads_flagged(plain)
+    assert code == FLAGGED and flagged
+    code, res = check_json([str(berts[model]), *skip_args(flagged)], capsys)
+    assert (code, res["healthy"], res["flags"]) == (0, True, [])
+    assert res["skipped_flags"] == plain["flags"] and res["skip_heads"] == flagged
+    assert res["layers"] == [  # the same measurements, each head marked
+        {**layer, "heads": [{**h, "skipped": f"{layer['layer']}.{h['head']}" in flagged}
+                            for h in layer["heads"]]}
+        for layer in plain["layers"]]
+
+
+def test_skipping_some_flagged_heads_keeps_the_rest(berts, capsys):
+    code, plain = check_json([str(berts["sharp"])], capsys)
+    flagged = heads_flagged(plain)
+    kept, skipped = flagged[0], flagged[1:]
+    assert len(flagged) >= 2
+    code = cli_run(["check", str(berts["sharp"]), *skip_args(skipped)])
+    out = capsys.readouterr().out
+    assert code == FLAGGED
+    cells = flags_column(out)
+    assert not cells[kept].startswith("skipped") and cells[kept] != "-"
+    for head in skipped:
+        assert cells[head].startswith("skipped (") and "frozen" in cells[head]
+    lines = out.splitlines()
+    layer, head = kept.split(".")
+    assert all(f"layer {layer} head {head}:" in line for line in lines if line.startswith("FLAG"))
+    assert sum(line.startswith("SKIP") for line in lines) == sum(
+        f"{f['layer']}.{f['head']}" in skipped for f in plain["flags"])
+    assert lines[-1].startswith("flagged: ") and f"({len(skipped)} skipped)" in lines[-1]
+
+
+def test_skipping_a_healthy_head_marks_it_only(berts, capsys):
+    assert cli_run(["check", str(berts["healthy"]), "--skip-head", "1.1"]) == 0
+    out = capsys.readouterr().out
+    assert flags_column(out) == {"0.0": "-", "0.1": "-", "1.0": "-", "1.1": "skipped"}
+    assert out.splitlines()[-1] == "healthy: no flags in 4 heads (1 skipped)"
+
+
+@pytest.mark.parametrize("value,words,runs", [
+    ("0", "--skip-head must be LAYER.HEAD", False), ("a.b", "--skip-head must be", False),
+    ("0.2.1", "--skip-head must be", False), ("-1.0", "--skip-head must be", False),
+    ("", "--skip-head must be", False),
+    ("2.0", "--skip-head: 2.0 is not a head", True), ("0.2", "--skip-head: 0.2 is not", True),
+])
+def test_bad_skip_head_exits_2_with_one_line(value, words, runs, berts, capsys, monkeypatch):
+    """Malformed values fail before the model runs; heads it lacks right after."""
+    calls = []
+    measure = C.measure_heads
+    monkeypatch.setattr(C, "measure_heads", lambda *a: calls.append(a) or measure(*a))
+    assert cli_run(["check", str(berts["healthy"]), "--skip-head", "0.0",
+                    "--skip-head", value]) == 2
+    out, err = capsys.readouterr()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {words}"), err
+    assert out == "" and bool(calls) == runs
+
+
+def test_minilm_passes_with_every_flagged_head_skipped(minilm_text, capsys):
+    """Whatever heads the defaults flag on MiniLM, accepting exactly those exits 0; accepting
+    all but one still exits 1."""
+    code, plain = check_json(["minilm", "--text", str(minilm_text)], capsys)
+    flagged = heads_flagged(plain)
+    assert code == FLAGGED and "0.2" in flagged  # its sink head, at least
+    code, res = check_json(["minilm", "--text", str(minilm_text), *skip_args(flagged)], capsys)
+    assert (code, res["healthy"], res["flags"], res["skip_heads"]) == (0, True, [], flagged)
+    assert res["skipped_flags"] == plain["flags"]
+    code = cli_run(["check", "minilm", "--text", str(minilm_text), *skip_args(flagged[1:])])
+    out = capsys.readouterr().out
+    assert code == FLAGGED and out.splitlines()[-1].startswith("flagged: ")
+    assert sum(cell.startswith("skipped") for cell in flags_column(out).values()) == len(
+        flagged) - 1

@@ -293,6 +293,8 @@ def test_ray_executor_matches_local(smoke_db, tmp_path):
     with Store(smoke_db) as local, Store(db) as ray:
         want = {r["id"]: (r["final_loss"], r["final_metric"]) for r in local.runs()}
         got = {r["id"]: (r["final_loss"], r["final_metric"]) for r in ray.runs()}
+        failed = [(r["id"], r["error"]) for r in ray.runs() if r["status"] == "failed"]
+        assert not failed, failed  # the worker's error, should Ray ever fail a run here
         assert got == want
         assert [len(r["history"]) for r in ray.runs(history=True)] == [3] * 4
 

@@ -38,12 +38,16 @@ def check_command(
     saturated_above: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="Flag a saturated-row fraction above this (1 = never).")
     ] = DEFAULTS.saturated_above,
+    skip_head: Annotated[list[str] | None, typer.Option(
+        "--skip-head", metavar="L.H", help="Accept a known head, e.g. 0.2 (layer 0, head 2; "
+        "repeatable): still in the table, marked skipped, but never flagged.")] = None,
 ) -> None:
     """Is this checkpoint's attention healthy? inspect's per-head table, then one line per flag.
 
     Frozen: logit std above s_c = √(2 ln n), where the softmax of n Gaussian logits freezes.
     Near-uniform: entropy / ln n above 0.99. Saturated: most rows put > 0.9 on one key.
-    Exit status 0 when no head is flagged, 1 when one is, 2 on bad input.
+    Exit status 0 when no head is flagged, 1 when one is, 2 on bad input. Heads given with
+    --skip-head stay in the table, marked skipped, and neither flag nor change the exit status.
     Only safetensors weights are read; pickle checkpoints are refused, never loaded.
     """
     C.check_weights(path)  # a pickle-only folder fails here, before anything is read from it
@@ -51,11 +55,13 @@ def check_command(
         check_input_file("--text", text)
     folder = check_output_folder("--plot", plot) if plot is not None else None
     thresholds = C.Thresholds(std_factor, uniform_above, saturated_above)
+    skip = C.heads_of(skip_head or [], "--skip-head")  # malformed: before the model runs
     sentences = I.sentences_from_file(text) if text is not None else None
     with console.status(f"checking {path}"):
         result = C.check_model(path, sentences, thresholds=thresholds, max_tokens=max_tokens,
                                source=None if text is None else f"{len(sentences)} lines of "
                                f"{text}")
+    C.apply_skips(result, skip, "--skip-head")  # a head the model lacks: exit 2 here
     if folder is not None:
         console.print(f"wrote {C.plot_check(result, folder)}", soft_wrap=True)
     if as_json:
@@ -67,10 +73,14 @@ def check_command(
 
 
 def print_check(result: dict) -> None:
-    """The per-head table, then one line per flag and a verdict line, all on stdout."""
+    """The per-head table, then one line per flag (FLAG) and per flag of a skipped head (SKIP),
+    and a verdict line, all on stdout."""
     kinds: dict[tuple[int, int], list[str]] = {}
     for f in result["flags"]:
         kinds.setdefault((f["layer"], f["head"]), []).append(f["kind"])
+    skipped: dict[tuple[int, int], list[str]] = {}
+    for f in result.get("skipped_flags", []):
+        skipped.setdefault((f["layer"], f["head"]), []).append(f["kind"])
     title = (f"{result['model']}: {result['n_tokens']} tokens ({result['inputs']}), "
              f"pre-softmax scores per head")
     cells = [
@@ -79,12 +89,25 @@ def print_check(result: dict) -> None:
          f"{h['entropy_normalized']:.2f}", f"{h['max_weight']:.2f}",
          f"{h['saturated_fraction']:.2f}", f"{h['effective_keys']:.1f}",
          f"{h['entropy_unscaled']:.2f}", f"{h['entropy_cosine_tau1']:.2f}",
-         ",".join(kinds.get((layer["layer"], h["head"]), [])) or "-")
+         flags_cell(h, kinds.get((layer["layer"], h["head"]), []),
+                    skipped.get((layer["layer"], h["head"]), [])))
         for layer in result["layers"] for h in layer["heads"]
     ]
     print_table(escape(title), CHECK_COLUMNS, cells, left=("flags",))
     lines = [f"FLAG {f['message']}" for f in result["flags"]]
+    lines += [f"SKIP {f['message']}" for f in result.get("skipped_flags", [])]
     heads = sum(len(layer["heads"]) for layer in result["layers"])
-    lines.append(f"healthy: no flags in {heads} heads" if result["healthy"] else
-                 f"flagged: {len(result['flags'])} flag(s) on {len(kinds)} of {heads} heads")
+    n_skipped = len(result.get("skip_heads", []))
+    aside = f" ({n_skipped} skipped)" if n_skipped else ""
+    lines.append(f"healthy: no flags in {heads} heads{aside}" if result["healthy"] else
+                 f"flagged: {len(result['flags'])} flag(s) on {len(kinds)} of {heads} "
+                 f"heads{aside}")
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def flags_cell(head: dict, kinds: list[str], skipped_kinds: list[str]) -> str:
+    """The flags column: the head's flags, "-" for none; a skipped head reads "skipped", with
+    the flags it would have raised in parentheses."""
+    if head.get("skipped"):
+        return "skipped" + (f" ({','.join(skipped_kinds)})" if skipped_kinds else "")
+    return ",".join(kinds) or "-"

@@ -26,6 +26,7 @@ from rich.progress import (
 
 from attnscale.cli.app import app, console, fmt, print_json, shown_from_first_report
 from attnscale.cli.tables import print_table
+from attnscale.lab import runlog
 from attnscale.lab import store as St
 from attnscale.lab import sweep as S
 from attnscale.lab import train as T
@@ -41,6 +42,7 @@ TRAIN_ALIASES = {"n_heads": ("--heads",), "n_kv_heads": ("--kv-heads",), "n_laye
 # A trailing "(8)." in a field's description: a task class's own default, which the shown
 # default (what runs actually use, TASK_DEFAULTS included) replaces.
 BARE_NUMBER_NOTE = re.compile(r"\s*\(\s*-?[0-9][0-9.e+-]*\s*\)\.$")
+PARQUET_EXTRA = "parquet"  # the pyproject.toml optional-dependency group with pyarrow
 
 
 def with_train_options(
@@ -111,7 +113,7 @@ def train(
     as_json: Annotated[bool, typer.Option("--json", help="Print the run record as JSON.")] = False,
     tensorboard: Annotated[str | None, typer.Option(
         "--tensorboard", help="Write loss, LR and per-layer attention statistics every "
-        f"--log-every steps as TensorBoard event files here (needs the {T.TENSORBOARD_EXTRA} "
+        f"--log-every steps as TensorBoard event files here (needs the {runlog.TENSORBOARD_EXTRA} "
         "extra).")] = None,
     **options: object,
 ) -> None:
@@ -126,9 +128,9 @@ def train(
     config = train_config(values)
     extra = {}  # run() gets tensorboard= only when asked: callers of run(config, progress) stay
     if tensorboard is not None:
-        if not T.tensorboard_available():
+        if not runlog.tensorboard_available():
             raise ValueError("--tensorboard needs the tensorboard package: "
-                             f"pip install 'attnscale[{T.TENSORBOARD_EXTRA}]'")
+                             f"pip install 'attnscale[{runlog.TENSORBOARD_EXTRA}]'")
         extra["tensorboard"] = str(check_output_folder("--tensorboard", tensorboard))
     with train_progress(config.steps) as report:
         result = T.run(config, progress=report, **extra)
@@ -283,7 +285,8 @@ def results(
     as_json: Annotated[bool, typer.Option("--json", help="Print runs as JSON.")] = False,
     csv_path: Annotated[str | None, typer.Option("--csv", help="Write runs to a CSV file.")] = None,
     parquet_path: Annotated[
-        str | None, typer.Option("--parquet", help="Write runs to a Parquet file (pyarrow).")
+        str | None, typer.Option("--parquet", help="Write runs to a Parquet file (needs "
+                                 f"pyarrow: the {PARQUET_EXTRA} extra).")
     ] = None,
     status: Annotated[
         list[str] | None, typer.Option("--status", help="Only runs with this status.")
@@ -296,6 +299,8 @@ def results(
     check_input_file("--db", db)
     csv_file = check_output_file("--csv", csv_path) if csv_path else None
     parquet_file = check_output_file("--parquet", parquet_path) if parquet_path else None
+    if parquet_file:
+        check_parquet_engine()  # before anything is printed or written
     with St.Store(db) as store:
         where = {"sweep": sweep_name} if sweep_name is not None else None
         runs = store.runs(status=status or None, where=where)
@@ -304,19 +309,17 @@ def results(
     if csv_file:
         console.print(f"wrote {write_csv(runs, csv_file)} runs to {csv_file}", soft_wrap=True)
     if parquet_file:
-        check_parquet_engine()
         n = write_parquet(runs, parquet_file)
         console.print(f"wrote {n} runs to {parquet_file}", soft_wrap=True)
     if not (as_json or csv_path or parquet_path):
         print_runs(runs)
 
 
-PARQUET_EXTRA = "parquet"  # the pyproject.toml optional-dependency group with pyarrow
-
-
 def check_parquet_engine() -> None:
-    """ValueError naming ``--parquet`` and the extra to install when no Parquet writer exists."""
-    if not any(importlib.util.find_spec(name) for name in ("pyarrow", "pandas")):
+    """ValueError naming ``--parquet`` and the extra to install when pyarrow is missing, before
+    any file is written. pandas alone does not count: its ``to_parquet`` calls pyarrow (or
+    fastparquet), and :func:`attnscale.lab.export.write_parquet` uses pyarrow directly."""
+    if importlib.util.find_spec("pyarrow") is None:
         raise ValueError("--parquet needs pyarrow: install pyarrow with "
                          f"pip install 'attnscale[{PARQUET_EXTRA}]'")
 

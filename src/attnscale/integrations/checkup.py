@@ -23,6 +23,10 @@ the heads that break one of these rules (defaults in :class:`Thresholds`):
   "More than half" is a convention: most of the head's rows are one-key lookups.
 * ``nonfinite``: the logits hold NaN or inf (weights that diverged).
 
+Known heads can be accepted (:func:`apply_skips`, ``attnscale check --skip-head L.H``): their
+flags move to ``skipped_flags`` and no longer make the model unhealthy; the heads stay in the
+record, marked ``skipped``.
+
 Pickle checkpoints (``pytorch_model.bin``, ``*.pt``, ``*.ckpt``, ...) are never loaded:
 unpickling runs arbitrary code. :func:`check_weights` refuses a folder without safetensors
 weights before anything is read from it, and the loader is asked for safetensors only.
@@ -31,7 +35,9 @@ weights before anything is read from it, and the loader is asked for safetensors
 from __future__ import annotations
 
 import math
+import re
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,11 +48,13 @@ from attnscale.measure import inspection as I
 from attnscale.measure.stats import SATURATION
 from attnscale.util.validate import check_float, check_int
 
-__all__ = ["FLAG_KINDS", "Flag", "Thresholds", "check_model", "check_weights", "critical_std",
-           "flags", "mark_flags", "measure_heads", "number", "plot_check"]
+__all__ = ["FLAG_KINDS", "Flag", "Thresholds", "apply_skips", "check_model", "check_weights",
+           "critical_std", "flags", "head_of", "heads_of", "mark_flags", "measure_heads", "number",
+           "plot_check"]
 
 FLAG_KINDS = ("nonfinite", "frozen", "uniform", "saturated")
 PLOT_NAME = "attention_check.png"
+HEAD_SPEC = re.compile(r"([0-9]+)\.([0-9]+)")  # "L.H": layer L, head H, both 0-based
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,58 @@ def flags(result: dict[str, Any], thresholds: Thresholds | None = None) -> list[
     return out
 
 
+def head_of(spec: str | tuple[int, int], name: str = "skip_heads") -> tuple[int, int]:
+    """(layer, head) of ``spec``: the text "L.H" (0-based, as the check table numbers them, e.g.
+    "0.2") or a pair of ints. ValueError / TypeError naming ``name`` otherwise."""
+    if isinstance(spec, str):
+        match = HEAD_SPEC.fullmatch(spec.strip())
+        if match is None:
+            raise ValueError(f"{name} must be LAYER.HEAD with two non-negative ints, e.g. 0.2; "
+                             f"got {spec!r}")
+        return int(match[1]), int(match[2])
+    if (isinstance(spec, tuple) and len(spec) == 2
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in spec)):
+        return spec
+    raise TypeError(f"{name} must hold 'L.H' strings or (layer, head) int pairs; got "
+                    f"{type(spec).__name__} {spec!r}")
+
+
+def heads_of(heads: Iterable[str | tuple[int, int]], name: str = "skip_heads"
+             ) -> set[tuple[int, int]]:
+    """The (layer, head) pairs of ``heads``, each read by :func:`head_of`; TypeError naming
+    ``name`` for a lone string (a list of one is meant)."""
+    if isinstance(heads, str):
+        raise TypeError(f"{name} must be a list of 'L.H' strings, not the string {heads!r}")
+    return {head_of(h, name) for h in heads}
+
+
+def apply_skips(result: dict[str, Any], heads: Iterable[str | tuple[int, int]],
+                name: str = "skip_heads") -> dict[str, Any]:
+    """Accept ``heads`` (see :func:`head_of`) of a :func:`check_model` result, in place: their
+    flags move from ``flags`` to ``skipped_flags``, ``healthy`` counts the rest only, each head
+    row gets ``skipped`` (bool) and ``skip_heads`` lists them as "L.H". Replaces any earlier
+    skips. ValueError naming ``name`` for a head the model does not have."""
+    wanted = heads_of(heads, name)
+    sizes = {int(layer["layer"]): len(layer["heads"]) for layer in result["layers"]}
+    for layer, head in sorted(wanted):
+        if head >= sizes.get(layer, 0):
+            counts = sorted(set(sizes.values()))
+            shape = (f"{len(sizes)} layers of {counts[0]} heads" if len(counts) == 1 else
+                     "heads per layer: " + ", ".join(str(sizes[i]) for i in sorted(sizes)))
+            raise ValueError(f"{name}: {layer}.{head} is not a head of this model ({shape}, "
+                             f"both numbered from 0)")
+    for layer in result["layers"]:
+        for h in layer["heads"]:
+            h["skipped"] = (int(layer["layer"]), int(h["head"])) in wanted
+    every = sorted([*result["flags"], *result.get("skipped_flags", [])],
+                   key=lambda f: (f["layer"], f["head"], FLAG_KINDS.index(f["kind"])))
+    result["flags"] = [f for f in every if (f["layer"], f["head"]) not in wanted]
+    result["skipped_flags"] = [f for f in every if (f["layer"], f["head"]) in wanted]
+    result["skip_heads"] = [f"{layer}.{head}" for layer, head in sorted(wanted)]
+    result["healthy"] = not result["flags"]
+    return result
+
+
 def check_weights(path: str | Path) -> Path:
     """The model folder of ``path`` ("minilm" or a local folder) if it holds safetensors weights.
 
@@ -165,6 +225,7 @@ def check_model(
     thresholds: Thresholds | None = None,
     max_tokens: int = I.MAX_TOKENS,
     batch_size: int = 16,
+    skip_heads: Iterable[str | tuple[int, int]] = (),
 ) -> dict[str, Any]:
     """Run ``model`` ("minilm" or a local folder) on ``sentences`` (default: the fixed
     :func:`attnscale.measure.inspection.default_sentences`) and flag its heads.
@@ -172,9 +233,11 @@ def check_model(
     Returns inspect's record (``model``, ``path``, ``n_tokens``, ``n_sentences``, ``elapsed_s``,
     ``layers`` with inspect's per-head keys plus ``entropy_normalized``, ``saturated_fraction``
     and ``critical_std``) with ``inputs`` (``source``, else what the default inputs are),
-    ``thresholds``, ``flags`` (dicts of :class:`Flag` plus ``message``) and ``healthy``.
+    ``thresholds``, ``flags`` (dicts of :class:`Flag` plus ``message``) and ``healthy``, less
+    the heads of ``skip_heads`` (:func:`apply_skips`: ``skipped_flags``, ``skip_heads``).
     """
     thresholds = Thresholds() if thresholds is None else thresholds
+    skip = heads_of(skip_heads)  # a malformed head fails before the model runs
     path = check_weights(model)  # before any load: a pickle-only folder is never opened
     default = sentences is None
     sentences = I.default_sentences() if default else list(sentences)
@@ -197,8 +260,7 @@ def check_model(
     }
     found = flags(result, thresholds)
     result["flags"] = [{**asdict(f), "message": f.message()} for f in found]
-    result["healthy"] = not found
-    return result
+    return apply_skips(result, skip)
 
 
 def measure_heads(path: Path, sentences: list[str], max_tokens: int, batch_size: int

@@ -29,10 +29,8 @@ clipping at 1, independent weight decay 1e-4, optional z-loss, linear warmup the
   1024 query rows per head; the whole batch would double the cost of logging). Every
   ``eval_every`` steps a row also holds the eval loss and metric.
 * TensorBoard (``run(..., tensorboard=DIR)``, ``attnscale train --tensorboard DIR``): each history
-  row is also written to event files in DIR as scalars ``train/loss``, ``train/lr``,
-  ``train/grad_norm`` (and ``eval/loss``, ``eval/metric`` on eval rows), and, when ``stats`` is
-  on, the per-layer statistics of :func:`attnscale.integrations.tensorboard.log_attention`
-  (``attention/<layer>/<statistic>``) from the same ``stats_batch`` sequences.
+  row also goes to event files in DIR; tags in :mod:`attnscale.lab.runlog`, which also computes
+  the per-layer statistics of the rows.
 * Determinism: the model is initialized from ``torch.manual_seed(seed)`` and the task's batches
   are a function of (seed, step), so the same config on the same machine gives identical
   metrics. ``threads`` (default 1) sets torch's intra-op threads during the run: on a busy
@@ -56,8 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnscale.core.nn import MultiheadSelfAttention
-from attnscale.integrations.tensorboard import ScalarWriter, log_attention
+from attnscale.integrations.tensorboard import ScalarWriter
 from attnscale.lab.build import (
     absorb_factor,
     build_model,
@@ -68,22 +65,33 @@ from attnscale.lab.build import (
 )
 from attnscale.lab.config import TrainConfig
 from attnscale.lab.models import GPTConfig
+from attnscale.lab.runlog import (
+    LAYER_STATS,
+    TENSORBOARD_EXTRA,
+    attention_rows,
+    head,
+    open_tensorboard,
+    tensorboard_available,
+    write_row,
+)
 from attnscale.lab.tasks import IGNORE_INDEX, Batch, Task
-from attnscale.measure.monitor import Monitor
 from attnscale.util import provenance
 from attnscale.util.jsonio import jsonable
 
 __all__ = [
     "DIVERGENCE_GRACE_STEPS",
     "LAYER_STATS",
+    "TENSORBOARD_EXTRA",
     "RunResult",
     "TrainConfig",
     "Trainer",
     "absorb_factor",
+    "attention_rows",
     "build_model",
     "build_optimizer",
     "build_task",
     "evaluate",
+    "head",
     "lr_at",
     "open_tensorboard",
     "qk_projections",
@@ -92,9 +100,6 @@ __all__ = [
 ]
 
 DIVERGENCE_GRACE_STEPS = 10
-TENSORBOARD_EXTRA = "hf"  # the pyproject.toml optional-dependency group with tensorboard
-LAYER_STATS = ("max_abs_logit", "logit_std", "entropy", "entropy_normalized", "max_weight",
-               "saturated_fraction", "logsumexp")
 
 Progress = Callable[[int, float], None]  # (steps done, training loss of the last step)
 
@@ -161,61 +166,8 @@ def num_threads(n: int) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------------------------
-# Attention statistics and evaluation
+# Evaluation
 # --------------------------------------------------------------------------------------------
-
-
-def attention_rows(model: nn.Module, batch: Batch) -> list[dict[str, float | None]]:
-    """Per-layer attention statistics of ``batch`` from one no-grad forward.
-
-    The statistics come from :class:`attnscale.measure.monitor.Monitor` (the pre-softmax scores
-    after scaling and masking, and their softmax pattern); the q/k RMS from each
-    :class:`MultiheadSelfAttention`'s ``capture`` hook, which the monitor chains to.
-    """
-    modules = {n: m for n, m in model.named_modules() if isinstance(m, MultiheadSelfAttention)}
-    if not modules:
-        return []
-    qk: dict[str, tuple[float, float]] = {}
-    names = {id(m): n for n, m in modules.items()}
-    previous = {n: m.capture for n, m in modules.items()}
-    for m in modules.values():
-        m.capture = lambda mod, q, k, call: qk.__setitem__(names[id(mod)], (rms(q), rms(k)))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), Monitor(model) as monitor:
-            model(batch.tokens, batch.scale)
-    finally:
-        model.train(was_training)
-        for n, m in modules.items():
-            m.capture = previous[n]
-    stats = monitor.stats()
-    return [layer_row(modules[n], *qk[n], stats[n].mean()) for n in modules if n in qk]
-
-
-def head(batch: Batch, n: int) -> Batch:
-    """The first ``n`` sequences of ``batch``."""
-    scale = None if batch.scale is None else batch.scale[:n]
-    return Batch(batch.tokens[:n], batch.targets[:n], scale)
-
-
-def layer_row(module: MultiheadSelfAttention, q_rms: float, k_rms: float, means: dict) -> dict:
-    """One layer's history row: the monitor's means (None where not finite), q/k RMS, and the
-    mean of each learned scalar or per-head score parameter (a learned τ, s)."""
-    row: dict[str, float | None] = {"q_rms": q_rms, "k_rms": k_rms}
-    finite = math.isfinite(q_rms) and math.isfinite(k_rms)
-    for name in LAYER_STATS:
-        value = means.get(name)
-        row[name] = value if finite and value is not None and math.isfinite(value) else None
-    for name, value in module.learned_params().items():
-        if value.dim() <= 1:  # per-head weights over the head dimension are not logged
-            row[name] = float(value.detach().float().mean())
-    return row
-
-
-def rms(x: Tensor) -> float:
-    """√mean(x²) over all entries."""
-    return float(x.float().pow(2).mean().sqrt())
 
 
 def evaluate(model: nn.Module, task: Task) -> dict[str, dict[str, float | None]]:
@@ -317,7 +269,8 @@ class Trainer:
         if diverged or s % cfg.log_every == 0 or s == cfg.steps - 1 or self._eval_due(s):
             self.history.append(self._row(s, batch, lr, grad_norm, z.item(), diverged))
             if self.writer is not None:
-                self._write(self.history[-1], batch)
+                sample = head(batch, cfg.stats_batch) if cfg.stats else None
+                write_row(self.writer, self.history[-1], self.model, sample)
         if diverged:
             self.diverged_step = s
         else:
@@ -360,18 +313,6 @@ class Trainer:
                 logits = [r["max_abs_logit"] for r in layers if r["max_abs_logit"] is not None]
                 row["max_abs_logit"] = max(logits) if logits else None
         return row
-
-    def _write(self, row: dict[str, Any], batch: Batch) -> None:
-        """Send a history row to the writer: loss, lr, grad norm, eval, attention."""
-        step = row["step"]
-        for tag, key in (("train/loss", "loss"), ("train/lr", "lr"),
-                         ("train/grad_norm", "grad_norm"), ("eval/loss", "eval_loss"),
-                         ("eval/metric", "eval_metric")):
-            if row.get(key) is not None:
-                self.writer.add_scalar(tag, row[key], step)
-        if self.config.stats:
-            sample = head(batch, self.config.stats_batch)
-            log_attention(self.model, (sample.tokens, sample.scale), self.writer, step)
 
     def result(self, elapsed_s: float) -> RunResult:
         """Evaluate the final weights and assemble the record."""
@@ -423,23 +364,3 @@ def run(config: TrainConfig | Mapping[str, Any], progress: Progress | None = Non
             writer.close()  # flushes the event file
     result.tensorboard = None if tensorboard is None else str(tensorboard)
     return result
-
-
-def tensorboard_available() -> bool:
-    """Whether ``torch.utils.tensorboard`` imports (it needs the ``tensorboard`` package)."""
-    try:
-        import torch.utils.tensorboard  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def open_tensorboard(folder: str | Path) -> Any:
-    """A ``torch.utils.tensorboard.SummaryWriter`` writing to ``folder`` (created if needed);
-    ValueError naming ``tensorboard`` and the extra to install when the package is missing."""
-    if not tensorboard_available():
-        raise ValueError(f"tensorboard needs the tensorboard package: "
-                         f"pip install 'attnscale[{TENSORBOARD_EXTRA}]'")
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(log_dir=str(folder))

@@ -14,7 +14,8 @@ lock file there that makes the next build wait, and deleting that folder clears 
 
 Before it blocks, :func:`build` logs one line on the caller's logger: WARNING when no cached
 build exists (Python's last-resort handler prints it to stderr, so a user waiting half a minute
-sees why), INFO when it loads one. A failed build warns once and returns None with the reason.
+sees why), INFO when it loads one (a build older than its source does not count: the builder
+recompiles it). A failed build warns once and returns None with the reason.
 """
 
 from __future__ import annotations
@@ -60,15 +61,26 @@ def target_isa() -> str | None:
     return detected if x86 and detected in ("AVX512", "AVX2") else "generic"
 
 
-def is_cached(name: str) -> bool:
-    """Whether a built module ``name`` lies in PyTorch's extension cache (directly or in the
-    per-Python folder newer PyTorch adds). Only the log level depends on it; the builder itself
-    decides whether to rebuild."""
+def is_cached(name: str, source: str | Path | None = None) -> bool:
+    """Whether an up-to-date build of module ``name`` lies in PyTorch's extension cache
+    (directly or in the per-Python folder newer PyTorch adds).
+
+    With ``source`` (the kernel's ``.cpp``) a build counts only if it is not older than the
+    source (modification times): that is ninja's own test, so after an edit of the source the
+    builder recompiles and this says False. Without it any build counts. Only the log level
+    depends on it; the builder itself decides whether to rebuild. Raises ValueError naming
+    ``source`` when it is not a file."""
     from torch.utils.cpp_extension import get_default_build_root
 
+    if source is not None and not Path(source).is_file():
+        raise ValueError(f"source: no file at {source}")
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
     patterns = [f"{name}/{name}.so", f"*/{name}/{name}.so", f"{name}/{name}.pyd"]
-    return any(any(root.glob(pattern)) for pattern in patterns)
+    builds = [path for pattern in patterns for path in root.glob(pattern)]
+    if source is None:
+        return bool(builds)
+    edited = Path(source).stat().st_mtime_ns
+    return any(path.stat().st_mtime_ns >= edited for path in builds)
 
 
 def build(stem: str, source: Path, what: str, log: logging.Logger,
@@ -91,7 +103,7 @@ def build(stem: str, source: Path, what: str, log: logging.Logger,
     if shutil.which("ninja") is None and scripts and (Path(scripts) / "ninja").exists():
         os.environ["PATH"] = f"{scripts}{os.pathsep}{path}"
     name = f"attnscale_{stem}_{isa.lower()}"
-    if is_cached(name):
+    if Path(source).is_file() and is_cached(name, source):
         log.info("attnscale: loading %s %s from PyTorch's extension cache", what, name)
     else:
         log.warning("attnscale: building %s %s with torch.utils.cpp_extension (about 30 s, "

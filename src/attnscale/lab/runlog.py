@@ -1,0 +1,133 @@
+"""What a training run logs besides its loss: per-layer attention statistics, and TensorBoard.
+
+* Attention statistics (:func:`attention_rows`): for each ``MultiheadSelfAttention`` layer, the
+  means of :data:`LAYER_STATS` from :class:`attnscale.measure.monitor.Monitor` (the pre-softmax
+  scores after scaling and masking, and their softmax pattern), the RMS √mean(x²) of q and k, and
+  the mean of each learned scalar or per-head score parameter, from one extra no-grad forward of
+  the first ``stats_batch`` sequences of the current batch (:func:`head`).
+* TensorBoard (``run(..., tensorboard=DIR)``, ``attnscale train --tensorboard DIR``): each history
+  row of :class:`attnscale.lab.train.Trainer` is also written (:func:`write_row`) to event files
+  in DIR as scalars ``train/loss``, ``train/lr``, ``train/grad_norm`` (and ``eval/loss``,
+  ``eval/metric`` on eval rows), and, when ``stats`` is on, the per-layer statistics of
+  :func:`attnscale.integrations.tensorboard.log_attention` (``attention/<layer>/<statistic>``)
+  from the same ``stats_batch`` sequences.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnscale.core.nn import MultiheadSelfAttention
+from attnscale.integrations.tensorboard import ScalarWriter, log_attention
+from attnscale.lab.tasks import Batch
+from attnscale.measure.monitor import Monitor
+
+__all__ = ["LAYER_STATS", "TENSORBOARD_EXTRA", "attention_rows", "head", "layer_row",
+           "open_tensorboard", "rms", "tensorboard_available", "write_row"]
+
+TENSORBOARD_EXTRA = "hf"  # the pyproject.toml optional-dependency group with tensorboard
+LAYER_STATS = ("max_abs_logit", "logit_std", "entropy", "entropy_normalized", "max_weight",
+               "saturated_fraction", "logsumexp")
+# (history row key, TensorBoard tag) of the scalars every row may carry
+ROW_SCALARS = (("loss", "train/loss"), ("lr", "train/lr"), ("grad_norm", "train/grad_norm"),
+               ("eval_loss", "eval/loss"), ("eval_metric", "eval/metric"))
+
+
+# --------------------------------------------------------------------------------------------
+# Attention statistics of a history row
+# --------------------------------------------------------------------------------------------
+
+
+def attention_rows(model: nn.Module, batch: Batch) -> list[dict[str, float | None]]:
+    """Per-layer attention statistics of ``batch`` from one no-grad forward.
+
+    The statistics come from :class:`attnscale.measure.monitor.Monitor`; the q/k RMS from each
+    :class:`MultiheadSelfAttention`'s ``capture`` hook, which the monitor chains to.
+    """
+    modules = {n: m for n, m in model.named_modules() if isinstance(m, MultiheadSelfAttention)}
+    if not modules:
+        return []
+    qk: dict[str, tuple[float, float]] = {}
+    names = {id(m): n for n, m in modules.items()}
+    previous = {n: m.capture for n, m in modules.items()}
+    for m in modules.values():
+        m.capture = lambda mod, q, k, call: qk.__setitem__(names[id(mod)], (rms(q), rms(k)))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), Monitor(model) as monitor:
+            model(batch.tokens, batch.scale)
+    finally:
+        model.train(was_training)
+        for n, m in modules.items():
+            m.capture = previous[n]
+    stats = monitor.stats()
+    return [layer_row(modules[n], *qk[n], stats[n].mean()) for n in modules if n in qk]
+
+
+def head(batch: Batch, n: int) -> Batch:
+    """The first ``n`` sequences of ``batch``."""
+    scale = None if batch.scale is None else batch.scale[:n]
+    return Batch(batch.tokens[:n], batch.targets[:n], scale)
+
+
+def layer_row(module: MultiheadSelfAttention, q_rms: float, k_rms: float, means: dict) -> dict:
+    """One layer's history row: the monitor's means (None where not finite), q/k RMS, and the
+    mean of each learned scalar or per-head score parameter (a learned τ, s)."""
+    row: dict[str, float | None] = {"q_rms": q_rms, "k_rms": k_rms}
+    finite = math.isfinite(q_rms) and math.isfinite(k_rms)
+    for name in LAYER_STATS:
+        value = means.get(name)
+        row[name] = value if finite and value is not None and math.isfinite(value) else None
+    for name, value in module.learned_params().items():
+        if value.dim() <= 1:  # per-head weights over the head dimension are not logged
+            row[name] = float(value.detach().float().mean())
+    return row
+
+
+def rms(x: Tensor) -> float:
+    """√mean(x²) over all entries."""
+    return float(x.float().pow(2).mean().sqrt())
+
+
+# --------------------------------------------------------------------------------------------
+# TensorBoard
+# --------------------------------------------------------------------------------------------
+
+
+def write_row(writer: ScalarWriter, row: dict[str, Any], model: nn.Module,
+              sample: Batch | None) -> None:
+    """Send a history row to ``writer`` at step ``row["step"]``: loss, lr, grad norm and eval
+    (those present), then, when ``sample`` is given, the attention statistics of ``model`` on
+    it (:func:`attnscale.integrations.tensorboard.log_attention`)."""
+    step = row["step"]
+    for key, tag in ROW_SCALARS:
+        if row.get(key) is not None:
+            writer.add_scalar(tag, row[key], step)
+    if sample is not None:
+        log_attention(model, (sample.tokens, sample.scale), writer, step)
+
+
+def tensorboard_available() -> bool:
+    """Whether ``torch.utils.tensorboard`` imports (it needs the ``tensorboard`` package)."""
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def open_tensorboard(folder: str | Path) -> Any:
+    """A ``torch.utils.tensorboard.SummaryWriter`` writing to ``folder`` (created if needed);
+    ValueError naming ``tensorboard`` and the extra to install when the package is missing."""
+    if not tensorboard_available():
+        raise ValueError(f"tensorboard needs the tensorboard package: "
+                         f"pip install 'attnscale[{TENSORBOARD_EXTRA}]'")
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir=str(folder))
