@@ -32,12 +32,14 @@ def undecided(why: str, smallest: float) -> dict[str, Any]:
     """A comparison that could not be read, and why."""
     nan = math.nan
     return {"mean": nan, "lo": nan, "hi": nan, "n": 0, "p": nan, "reading": INCONCLUSIVE,
-            "p_holm": nan, "smallest": smallest, "why": why}
+            "p_holm": nan, "smallest": smallest, "lo_holm": nan, "hi_holm": nan,
+            "confidence_holm": nan, "why": why}
 
 
 def family(pairs: Mapping[str, Pair], smallest: float | Mapping[str, float]) -> dict[str, Any]:
-    """name -> comparison dict (mean, lo, hi, n, p, reading, p_holm, smallest; ``why`` for one
-    that could not be read). Holm's correction runs over the comparisons that can be read."""
+    """name -> comparison dict (mean, lo, hi, n, p, reading, p_holm, smallest, lo_holm, hi_holm,
+    confidence_holm; ``why`` for one that could not be read). Holm's correction runs over the
+    comparisons that can be read."""
     def delta(k: str) -> float:
         return float(smallest[k] if isinstance(smallest, Mapping) else smallest)
     out: dict[str, Any] = {}

@@ -87,8 +87,10 @@ def short(key: str) -> str:
 
 
 def forest_panel(ax: plt.Axes, items: list[tuple[str, dict[str, Any]]], unit: str) -> None:
-    """One panel of a forest plot: each comparison's mean and 95% CI, coloured by its reading,
-    over its own ±δ band; the interval written at the right; 0 always in view, centred."""
+    """One panel of a forest plot: each comparison's mean, its 95% CI (thick) and its Holm
+    interval (thin, :func:`attnscale.lab.paired.holm_interval`: it clears or stays inside ±δ
+    exactly as the colour's reading says), over its own ±δ band; the 95% interval written at
+    the right; 0 always in view, centred."""
     right = blended_transform_factory(ax.transAxes, ax.transData)
     span = 0.0
     for i, (_, c) in enumerate(items):
@@ -100,8 +102,16 @@ def forest_panel(ax: plt.Axes, items: list[tuple[str, dict[str, Any]]], unit: st
             ax.text(0, i, f"no estimate: {c.get('why') or 'no data'}", ha="center",
                     va="center", fontsize=8, color="#555", style="italic")
             continue
-        ax.errorbar(c["mean"], i, xerr=yerr([c]), fmt="o", ms=5, capsize=3,
-                    color=READING_COLORS.get(c.get("reading"), "k"))
+        color = READING_COLORS.get(c.get("reading"), "k")
+        # thin: the Holm interval, whose place against ±δ is the reading (the colour); thick:
+        # the unadjusted 95% interval quoted at the right and in the verdict
+        holm = holm_extent(c)
+        if holm is not None:
+            ax.errorbar(c["mean"], i, xerr=yerr([holm]), fmt="none", capsize=3, lw=1,
+                        color=color)
+        ax.errorbar(c["mean"], i, xerr=yerr([c]), fmt="o", ms=5, capsize=0, lw=3.2,
+                    color=color)
+        span = max([span, *(abs(x) for x in (holm or {}).values() if T.finite(x))])
         ax.text(1.02, i, T.interval(c, "", 3), transform=right, va="center", fontsize=8)
         span = max(span, *(abs(c[k]) for k in ("mean", "lo", "hi") if T.finite(c.get(k))))
     ax.axvline(0, color="k", lw=0.8)
@@ -110,6 +120,14 @@ def forest_panel(ax: plt.Axes, items: list[tuple[str, dict[str, Any]]], unit: st
     ax.set_ylim(len(items) - 0.5, -0.5)
     ax.set_yticks(range(len(items)), [short(k) for k, _ in items], fontsize=8)
     ax.set_xlabel(f"paired difference ({unit})" if unit else "paired difference", fontsize=9)
+
+
+def holm_extent(c: dict[str, Any]) -> dict[str, float] | None:
+    """The comparison's Holm interval as a mean ± CI dict, or None when it has none."""
+    lo, hi = c.get("lo_holm"), c.get("hi_holm")
+    if not (T.finite(lo) and T.finite(hi)):
+        return None
+    return {"mean": c["mean"], "lo": lo, "hi": hi}
 
 
 def fig_forest(comps: dict[str, Any], folder: Path, name: str, title: str,
@@ -132,8 +150,10 @@ def fig_forest(comps: dict[str, Any], folder: Path, name: str, title: str,
     axes[0, 0].set_title(title, fontsize=10)
     fig.tight_layout()
     seen = {c.get("reading") for c in comps.values()}
-    below(fig, [Patch(color=BAND, label="±δ: smallest real effect (colour: Holm-corrected "
-                      "reading)")]
+    below(fig, [Patch(color=BAND, label="±δ: smallest real effect"),
+                Line2D([], [], color="k", lw=3.2, label="95% interval"),
+                Line2D([], [], color="k", lw=1, marker="|", ms=8,
+                       label="Holm interval: decides the reading (colour)")]
           + [Line2D([], [], marker="o", ls="", color=READING_COLORS[r], label=READING_WORDS[r])
              for r in READING_COLORS if r in seen], ncol=3)
     return save(fig, folder, name, T.forest_alt(comps, unit_of, what or title))

@@ -146,17 +146,44 @@ def reading_pvalues(a: Mapping[Any, float], b: Mapping[Any, float],
 @dataclass(frozen=True)
 class Comparison:
     """One comparison of a claim: the paired effect, its reading after Holm's correction across
-    the claim's comparisons, that reading's Holm-adjusted p-value and the smallest real effect."""
+    the claim's comparisons, that reading's Holm-adjusted p-value, the smallest real effect,
+    and the interval that agrees with the reading (:func:`holm_interval`)."""
 
     effect: Effect
     reading: str
     p_holm: float
     smallest: float
+    holm_low: float = math.nan
+    holm_high: float = math.nan
+    holm_confidence: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         """Plain numbers, for evidence and JSON."""
         return {**self.effect.to_dict(), "reading": self.reading, "p_holm": self.p_holm,
-                "smallest": self.smallest}
+                "smallest": self.smallest, "lo_holm": self.holm_low, "hi_holm": self.holm_high,
+                "confidence_holm": self.holm_confidence}
+
+
+def holm_interval(a: Mapping[Any, float], b: Mapping[Any, float], p: float, p_holm: float,
+                  confidence: float = 0.95) -> tuple[float, float, float]:
+    """The two-sided t-interval at the level Holm's correction effectively tested this
+    comparison at: confidence 1 − 2·α_i with α_i = (1 − ``confidence``)/2 · p/p_holm, where p is
+    the best reading's raw one-sided p-value. Returns (low, high, its confidence).
+
+    A one-sided t-test at level α_i rejects exactly when the (1 − 2α_i) interval clears the
+    null's boundary (both bounds for the equivalence test), and Holm keeps a reading exactly when
+    p ≤ α_i, so this interval clears +δ, clears −δ or lies inside ±δ exactly when the reading
+    says so. It is at least as wide as the unadjusted interval (p_holm ≥ p). With no spread
+    (:func:`no_spread`) the interval is the point itself and the sign test decides."""
+    d = paired_differences(a, b)
+    n, mean = len(d), float(d.mean())
+    ratio = p / p_holm if p_holm > 0 else 1.0
+    alpha = (1 - confidence) / 2 * min(1.0, ratio)
+    level = 1 - 2 * alpha
+    if no_spread(d) or alpha <= 0:
+        return (mean, mean, level) if no_spread(d) else (-math.inf, math.inf, level)
+    half = float(stats.t.ppf(1 - alpha, n - 1)) * float(d.std(ddof=1)) / math.sqrt(n)
+    return mean - half, mean + half, level
 
 
 def compare_family(
@@ -170,7 +197,8 @@ def compare_family(
     best-supported reading (smallest p of :func:`reading_pvalues`) is kept; those p-values are
     Holm-adjusted across the family and a reading stands when its adjusted p is at most
     (1 − ``confidence``)/2, else the comparison is :data:`INCONCLUSIVE`. With one comparison
-    this is :func:`classify` of the ``confidence`` t-interval.
+    this is :func:`classify` of the ``confidence`` t-interval. Each comparison also carries
+    :func:`holm_interval`, the interval whose position against ±δ is its reading.
     """
     check_float("confidence", confidence, low=0.0, high=1.0)
     if not pairs:
@@ -185,7 +213,9 @@ def compare_family(
     adjusted = dict(zip(best, holm([p for _, p in best.values()]), strict=True))
     alpha_side = (1 - confidence) / 2
     return {k: Comparison(effects[k], best[k][0] if adjusted[k] <= alpha_side else INCONCLUSIVE,
-                          adjusted[k], deltas[k]) for k in pairs}
+                          adjusted[k], deltas[k],
+                          *holm_interval(*pairs[k], best[k][1], adjusted[k], confidence))
+            for k in pairs}
 
 
 def classify(effect: Effect, smallest: float) -> str:
