@@ -1,6 +1,7 @@
 # Two entry points that work on a fresh machine: `make test` and `make report`.
 # Both create .venv, install the pinned CPU torch first (an unpinned torch pulls a multi-GB CUDA
-# build), then the package, and are quick when everything is already installed.
+# build), then the package with the versions in constraints.txt (what CI last passed with), and
+# are quick when everything is already installed.
 
 PYTHON ?= python3
 VENV := .venv
@@ -13,9 +14,9 @@ STAMP := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev,hf,ray,parquet]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,hf,ray,parquet]'
 	# the native kernels (soft-capping attention, monitor statistics): built once here, about
 	# 40 s each, then loaded from PyTorch's extension cache; a machine that cannot build them
 	# gets the Python paths (the command says which)
