@@ -29,7 +29,7 @@ def layer_stats(layer: str, logit: float = 5.0, entropy: float = 0.6) -> dict[st
 def test_health_statistics_are_monitor_statistics():
     """Every logged statistic is one the monitor computes (z-loss included)."""
     assert set(HEALTH_STATISTICS) <= set(STATISTICS)
-    assert "z_loss" in HEALTH_STATISTICS
+    assert "z_loss" in HEALTH_STATISTICS and "nonfinite_fraction" in HEALTH_STATISTICS
 
 
 def test_health_scalars_select_and_prefix():
@@ -93,6 +93,20 @@ def test_alarm_fires_on_entropy_collapse_and_on_non_finite_logits():
     assert {(e.layer, e.statistic) for e in events} == {
         ("a", "entropy_normalized"), ("b", "max_abs_logit")}
     assert alarm.fired == {"a": 5, "b": 5}
+
+
+def test_alarm_fires_on_any_non_finite_logit_first():
+    """nonfinite_fraction > 0 fires whatever the thresholds, and before the other checks;
+    0, and NaN (no logit scored), do not."""
+    alarm = AttentionAlarm(HealthThresholds(max_logit=1e30, entropy_floor=0.0), warn=False)
+    stats = {**layer_stats("a", logit=math.inf, entropy=0.5), "a/nonfinite_fraction": 0.01,
+             **layer_stats("b"), "b/nonfinite_fraction": 0.0,
+             **layer_stats("c"), "c/nonfinite_fraction": math.nan}
+    (event,) = alarm.update(4, stats)
+    assert (event.layer, event.statistic, event.value, event.threshold) == (
+        "a", "nonfinite_fraction", 0.01, 0.0)
+    with pytest.warns(AttentionHealthWarning, match=r"layer d: attention logits not finite"):
+        AttentionAlarm().update(5, {**layer_stats("d"), "d/nonfinite_fraction": 0.5})
 
 
 def test_alarm_entropy_floor_zero_never_fires_on_entropy():

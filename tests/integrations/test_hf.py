@@ -198,7 +198,9 @@ def test_lead_time_from_the_loss_log():
     assert health.diverged_step == 3 and health.lead_time == 2
 
 
-def test_non_finite_logits_fire_the_logit_alarm(hf_kit, tmp_path):
+def test_non_finite_logits_fire_the_alarm(hf_kit, tmp_path):
+    """NaN weights: the first sampled step logs nonfinite_fraction > 0 and max |logit| inf, and
+    the alarm fires on the non-finite logits at once."""
     model = hf_kit.tiny_bert()
     with torch.no_grad():
         model.bert.encoder.layer[0].attention.self.query.weight[0, 0] = math.nan
@@ -206,8 +208,11 @@ def test_non_finite_logits_fire_the_logit_alarm(hf_kit, tmp_path):
     health = AttentionHealthCallback(trainer, every_n_steps=1)
     with pytest.warns(AttentionHealthWarning, match="not finite"):
         trainer.train()
+    layer = "bert.encoder.layer.0.attention.self"
     first = health.alarm.events[0]
-    assert (first.step, first.layer, first.statistic) == (
-        1, "bert.encoder.layer.0.attention.self", "max_abs_logit")
-    assert math.isnan(first.value)
+    assert (first.step, first.layer, first.statistic) == (1, layer, "nonfinite_fraction")
+    assert 0 < first.value <= 1
+    step, values = health.history[0]
+    assert step == 1 and values[f"attention/{layer}/nonfinite_fraction"] == first.value
+    assert values[f"attention/{layer}/max_abs_logit"] == math.inf
     assert health.diverged_step == 1 and health.lead_time == 0  # the loss is NaN at once

@@ -10,12 +10,7 @@ from torch import nn
 
 from attnscale.integrations import log_attention
 from attnscale.integrations.health import HEALTH_STATISTICS
-from attnscale.integrations.tensorboard import (
-    attention_health,
-    checked_flat_stats,
-    padding_query_mask,
-    run_batch,
-)
+from attnscale.integrations.tensorboard import attention_health, padding_query_mask, run_batch
 from attnscale.measure.monitor import Monitor
 
 
@@ -121,21 +116,34 @@ def test_log_attention_validates_arguments():
         log_attention(nn.Linear(16, 16), x, Writer(), 0)
 
 
-@pytest.mark.parametrize("compile", [None, False])  # the native kernel and the Python path
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_non_finite_logits_read_as_nan_max_logit(hf_kit, compile, bad):
-    """A layer whose logits overflowed must not look calm: the monitor's own means skip the
-    non-finite values, checked_flat_stats flags the layer with max_abs_logit nan."""
+def test_non_finite_logits_are_flagged_by_the_flat_statistics(hf_kit, bad):
+    """A layer whose logits overflowed must not look calm: Monitor.flat_stats() itself reads
+    nonfinite_fraction > 0 and max_abs_logit inf there, the same on the native kernel and the
+    Python path; the next layer, fed NaN, reads NaN (no finite row), never 0; and
+    attention_health logs it."""
     pytest.importorskip("transformers")
     model, batch = hf_kit.tiny_bert().eval(), bert_batch(hf_kit)
-    layer = "bert.encoder.layer.0.attention.self"
+    layers = [f"bert.encoder.layer.{i}.attention.self" for i in range(2)]
     with torch.no_grad():
         model.bert.encoder.layer[0].attention.self.query.weight[0, 0] = bad
-    with torch.no_grad(), Monitor(model, compile=compile) as monitor:
-        model(**batch)
-    assert not math.isnan(monitor.flat_stats()[f"{layer}/max_abs_logit"])  # why the check exists
-    assert math.isnan(checked_flat_stats(monitor)[f"{layer}/max_abs_logit"])
-    healthy = hf_kit.tiny_bert().eval()
-    with torch.no_grad(), Monitor(healthy, compile=compile) as monitor:
-        healthy(**batch)
-    assert checked_flat_stats(monitor) == monitor.flat_stats()
+    flats = {}
+    for compile in (None, False):  # the native kernel and the Python path
+        with torch.no_grad(), Monitor(model, compile=compile) as monitor:
+            model(**batch)
+        flats[compile] = monitor.flat_stats()
+    flat = flats[None]
+    assert flat.keys() == flats[False].keys()
+    for key, value in flat.items():
+        assert value == pytest.approx(flats[False][key], rel=1e-5, abs=1e-6, nan_ok=True), key
+    assert 0 < flat[f"{layers[0]}/nonfinite_fraction"] < 1  # head 0 of 2 holds the bad weight
+    assert flat[f"{layers[0]}/max_abs_logit"] == math.inf
+    assert math.isfinite(flat[f"{layers[0]}/entropy_normalized"])  # head 1's rows
+    assert flat[f"{layers[1]}/nonfinite_fraction"] == 1.0 and flat[f"{layers[1]}/rows"] == 0
+    assert math.isnan(flat[f"{layers[1]}/entropy_normalized"])
+    assert math.isnan(flat[f"{layers[1]}/logit_std"])
+    values = attention_health(model, batch)
+    assert values[f"attention/{layers[0]}/nonfinite_fraction"] > 0
+    healthy = attention_health(hf_kit.tiny_bert(), batch)
+    assert all(healthy[f"attention/{layer}/nonfinite_fraction"] == 0 for layer in layers)
+    assert all(math.isfinite(value) for value in healthy.values())

@@ -5,6 +5,7 @@ portable generic build, the one-line build log and the build command."""
 from __future__ import annotations
 
 import logging
+import math
 import types
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnscale.measure import native
-from attnscale.measure.rowstats import head_sums
+from attnscale.measure.rowstats import head_sums, hide
 from attnscale.measure.stats import SUM_FIELDS, attention_with_sums
 from attnscale.util import cppext
 
@@ -64,8 +65,8 @@ def reference_variants(q, k, keep, causal, rows, dots=DOTS, taus=TAUS):
     raw = qd @ kd.transpose(-2, -1)
     cos = (torch.nn.functional.normalize(qd, dim=-1, eps=native.COSINE_EPS)
            @ torch.nn.functional.normalize(kd, dim=-1, eps=native.COSINE_EPS).transpose(-2, -1))
-    hidden = ~visible(q, k, keep, causal)
-    return [head_sums(z.masked_fill(hidden, float("-inf")), rows[:, None, :])
+    vis = visible(q, k, keep, causal)
+    return [head_sums(hide(z, vis), rows[:, None, :])
             for z in [s * raw for s in dots] + [t * cos for t in taus]]
 
 
@@ -159,6 +160,35 @@ def test_row_with_no_visible_key_gives_zero_and_is_skipped(kernel):
     visible_rows = (keep.any(-1) & rows[:, None, :]).sum(dim=(0, 2)).double()
     for variant in sums:  # every variant skips the row too
         torch.testing.assert_close(variant[:, SUM_FIELDS.index("rows")], visible_rows)
+
+
+@pytest.mark.parametrize("inject", ["q_nan", "q_inf", "k_inf", "k_nan"])
+@pytest.mark.parametrize("mask", [None, "padding", "full"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("with_output", [True, False])
+def test_non_finite_logits_follow_the_rowstats_rule(kernel, inject, mask, causal, with_output):
+    """NaN and ±inf in q or k: the own statistics and every variant's equal rowstats.head_sums
+    of the float64 logits -- a row with a non-finite visible logit counted in "scored" and
+    "nonfinite" only, max |logit| +inf -- and the finite rows' outputs are untouched."""
+    q, k, v, keep, causal, rows = case(6, 2, 4, 2, 9, 13, 8, 8, mask, causal)
+    rows[0, 2] = rows[1, 4] = True  # the rows given a NaN or inf query are kept
+    clean = kernel(q, k, v, keep, causal, 0.35, rows)[0]
+    bad = {"q_nan": (q, (0, 1, 2, 3), math.nan), "q_inf": (q, (1, 0, 4, 0), math.inf),
+           "k_inf": (k, (0, 1, 5, 1), -math.inf), "k_nan": (k, (1, 0, 7, 2), math.nan)}[inject]
+    bad[0][bad[1]] = bad[2]
+    out, sums, head_max = kernel(q, k, v, keep, causal, 0.35, rows, with_output, DOTS, TAUS)
+    _, want_sums, want_max = reference(q, k, v, keep, causal, 0.35, rows)
+    nonfinite = want_sums[:, SUM_FIELDS.index("nonfinite")]
+    assert nonfinite.sum() > 0 and torch.isinf(want_max).any()
+    assert_sums_close(sums[0], head_max[0], want_sums, want_max)
+    for i, (variant, vmax) in enumerate(reference_variants(q, k, keep, causal, rows), 1):
+        assert_sums_close(sums[i], head_max[i], variant, vmax)
+    if with_output:  # rows whose logits are all finite keep their output
+        kr = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1).double()
+        z = q.double() @ kr.transpose(-2, -1)
+        finite = (z.isfinite() | ~visible(q, k, keep, causal)).all(-1)
+        assert 0.5 < finite.double().mean() < 1
+        assert torch.equal(out[finite], clean[finite])
 
 
 def test_output_layout_is_sdpas(kernel):

@@ -5,8 +5,11 @@ the loss has diverged. Pure Python: no framework, no tensors; the callers
 
 What is logged per layer (:data:`HEALTH_STATISTICS`), each as ``{prefix}/{layer}/{statistic}``:
 
-* ``max_abs_logit``: max |ℓ| over the layer's heads and visible (query, key) entries, ℓ the
-  pre-softmax logit after scaling. Wortsman et al. 2023 (arXiv:2309.14322) see it grow to about
+* ``nonfinite_fraction``: the share of the layer's visible (query, key) logits ℓ (pre-softmax,
+  after scaling) that are NaN or ±inf (q·k overflowed, or the weights hold NaN). Rows holding
+  one drop out of the other statistics (:mod:`attnscale.measure.headstats`).
+* ``max_abs_logit``: max |ℓ| over the layer's heads and visible (query, key) entries; +inf when
+  any is NaN or ±inf. Wortsman et al. 2023 (arXiv:2309.14322) see it grow to about
   1e4 before attention-logit divergence in small transformers trained at large learning rates;
   Dehghani et al. 2023 (ViT-22B, arXiv:2302.05442) report the same failure at scale.
 * ``logit_std``: the standard deviation of ℓ over visible entries, the s of the thread's theory
@@ -18,8 +21,8 @@ What is logged per layer (:data:`HEALTH_STATISTICS`), each as ``{prefix}/{layer}
 * ``z_loss``: the mean over rows of (ln Σ_j e^{ℓ_ij})², PaLM's auxiliary z-loss term
   (Chowdhery et al. 2022, arXiv:2204.02311) applied to the attention normalizer.
 
-The means are row-weighted over heads (max over heads for ``max_abs_logit``), as
-:func:`attnscale.measure.stats.flat_means` computes them.
+The means are row-weighted over heads (max over heads for ``max_abs_logit``, the mean over heads
+for ``nonfinite_fraction``), as :func:`attnscale.measure.stats.flat_means` computes them.
 """
 
 from __future__ import annotations
@@ -42,11 +45,11 @@ __all__ = [
     "split_key",
 ]
 
-HEALTH_STATISTICS = ("max_abs_logit", "logit_std", "entropy_normalized", "saturated_fraction",
-                     "z_loss")
+HEALTH_STATISTICS = ("nonfinite_fraction", "max_abs_logit", "logit_std", "entropy_normalized",
+                     "saturated_fraction", "z_loss")
 # Checked in this order: a non-finite or huge logit is the root cause, a collapsed entropy
-# often its consequence (and NaN logits also zero the nan-skipping entropy means).
-ALARM_STATISTICS = ("max_abs_logit", "entropy_normalized")
+# often its consequence.
+ALARM_STATISTICS = ("nonfinite_fraction", "max_abs_logit", "entropy_normalized")
 
 
 class AttentionHealthWarning(RuntimeWarning):
@@ -90,7 +93,8 @@ def health_scalars(flat: Mapping[str, float], prefix: str = "attention") -> dict
 
 @dataclass(frozen=True)
 class HealthThresholds:
-    """When :class:`AttentionAlarm` fires for a layer.
+    """When :class:`AttentionAlarm` fires for a layer. It always fires when a layer has a
+    logit that is NaN or ±inf (``nonfinite_fraction`` > 0), whatever the thresholds.
 
     Args:
         max_logit: fire when the layer's max |logit| exceeds it (or is not finite). 1e4 is where
@@ -115,8 +119,8 @@ class HealthThresholds:
 
 @dataclass(frozen=True)
 class AlarmEvent:
-    """One layer's alarm: at ``step``, ``statistic`` ("max_abs_logit" or "entropy_normalized")
-    had ``value``, beyond ``threshold``."""
+    """One layer's alarm: at ``step``, ``statistic`` ("nonfinite_fraction", "max_abs_logit" or
+    "entropy_normalized") had ``value``, beyond ``threshold`` (0 for nonfinite_fraction)."""
 
     step: int
     layer: str
@@ -130,8 +134,9 @@ class AlarmEvent:
 
 class AttentionAlarm:
     """Watches per-layer statistics and fires once per layer when attention turns unhealthy:
-    max |logit| > ``thresholds.max_logit`` (or not finite), or entropy / ln n <
-    ``thresholds.entropy_floor``.
+    a logit that is NaN or ±inf (``nonfinite_fraction`` > 0), max |logit| >
+    ``thresholds.max_logit`` (or not finite), or entropy / ln n < ``thresholds.entropy_floor``;
+    the first of these that holds is the event.
 
     Each firing is an :class:`AttentionHealthWarning` through :func:`warnings.warn`, once per
     layer. warnings rather than logging: the category can be filtered or escalated to an error
@@ -186,6 +191,9 @@ class AttentionAlarm:
 
     def _check(self, step: int, layer: str, values: Mapping[str, float]) -> AlarmEvent | None:
         """The event for this layer's values, or None when they are healthy."""
+        nonfinite = values.get("nonfinite_fraction")
+        if nonfinite is not None and nonfinite > 0:  # NaN (nothing scored) is not > 0
+            return AlarmEvent(step, layer, "nonfinite_fraction", nonfinite, 0.0)
         logit = values.get("max_abs_logit")
         if logit is not None and (not math.isfinite(logit) or logit > self.thresholds.max_logit):
             return AlarmEvent(step, layer, "max_abs_logit", logit, self.thresholds.max_logit)
@@ -215,7 +223,9 @@ class AttentionAlarm:
 
 
 def _message(event: AlarmEvent) -> str:
-    if event.statistic == "max_abs_logit" and not math.isfinite(event.value):
+    if event.statistic == "nonfinite_fraction":
+        what = f"attention logits not finite ({event.value:.3g} of them NaN or ±inf)"
+    elif event.statistic == "max_abs_logit" and not math.isfinite(event.value):
         what = f"attention logits not finite (max |logit| {event.value})"
     elif event.statistic == "max_abs_logit":
         what = f"max |attention logit| {event.value:.4g} > {event.threshold:.4g}"

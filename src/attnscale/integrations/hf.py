@@ -42,7 +42,7 @@ from attnscale.integrations.health import (
     check_prefix,
     health_scalars,
 )
-from attnscale.integrations.tensorboard import checked_flat_stats, padding_query_mask
+from attnscale.integrations.tensorboard import padding_query_mask
 from attnscale.measure.monitor import Monitor
 from attnscale.util.validate import check_int
 
@@ -54,9 +54,9 @@ class AttentionHealthCallback(TrainerCallback):
 
     Logged at each sampled step s (steps every_n_steps, 2·every_n_steps, ...), through
     ``trainer.log``: ``{prefix}/{layer}/{statistic}`` for the statistics of
-    :data:`attnscale.integrations.health.HEALTH_STATISTICS` (max |logit|, logit std,
-    entropy / ln n, saturated fraction, z-loss), and ``{prefix}/alarms``, the number of layers
-    whose alarm has fired so far.
+    :data:`attnscale.integrations.health.HEALTH_STATISTICS` (the share of non-finite logits,
+    max |logit|, logit std, entropy / ln n, saturated fraction, z-loss), and
+    ``{prefix}/alarms``, the number of layers whose alarm has fired so far.
 
     Args:
         trainer: the ``transformers.Trainer`` to log through; the callback adds itself to it.
@@ -190,11 +190,12 @@ class AttentionHealthCallback(TrainerCallback):
         self._monitor = monitor
 
     def _close(self) -> dict[str, float]:
-        """Remove the hooks; the flat statistics recorded (:func:`checked_flat_stats`; {} if no
-        monitor was open)."""
+        """Remove the hooks; the flat statistics recorded (:meth:`Monitor.flat_stats`, where a
+        layer with non-finite logits reads nonfinite_fraction > 0 and max_abs_logit inf; {} if
+        no monitor was open)."""
         monitor, self._monitor = self._monitor, None
         if monitor is None:
             return {}
         self._hook.remove()
         monitor.__exit__(None, None, None)
-        return checked_flat_stats(monitor)
+        return monitor.flat_stats()

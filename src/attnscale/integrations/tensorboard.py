@@ -13,11 +13,9 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -25,8 +23,8 @@ from attnscale.integrations.health import check_prefix, health_scalars
 from attnscale.measure.monitor import Monitor
 from attnscale.util.validate import check_int
 
-__all__ = ["ScalarWriter", "attention_health", "checked_flat_stats", "log_attention",
-           "padding_query_mask", "run_batch"]
+__all__ = ["ScalarWriter", "attention_health", "log_attention", "padding_query_mask",
+           "run_batch"]
 
 
 class ScalarWriter(Protocol):
@@ -63,35 +61,14 @@ def padding_query_mask(model: nn.Module, inputs: Mapping[str, Any]) -> Tensor | 
     return None if bool(keep.all()) else keep
 
 
-def checked_flat_stats(monitor: Monitor) -> dict[str, float]:
-    """``monitor.flat_stats()``, except that a layer whose logits were not all finite gets
-    ``max_abs_logit`` = nan.
-
-    Why: the statistics pass over non-finite logits -- rows holding NaN drop out of the counts,
-    the max ignores NaN, and the per-layer means skip NaN heads -- so a layer whose logits
-    overflowed would otherwise read as calm (max |logit| 0 or that of its healthy heads). What
-    is visible is flagged: heads that counted different numbers of rows (every head sees the
-    same query rows; a per-head mask that empties rows of one head only would be flagged too),
-    a layer with no rows counted, or a head whose max |logit|, logit std or entropy is not
-    finite."""
-    flat = monitor.flat_stats()
-    for layer, s in monitor.stats().items():
-        seen = s.rows > 0
-        finite = all(np.isfinite(getattr(s, name)[seen]).all()
-                     for name in ("max_abs_logit", "logit_std", "entropy"))
-        if not seen.all() or len(set(s.rows.tolist())) > 1 or not finite:
-            flat[f"{layer}/max_abs_logit"] = math.nan
-    return flat
-
-
 def attention_health(model: nn.Module, batch: Any, *, prefix: str = "attention"
                      ) -> dict[str, float]:
     """``{f"{prefix}/{layer}/{statistic}": float}`` of one forward pass of ``batch``
     (:func:`run_batch`) through a :class:`Monitor`, under ``torch.no_grad`` and in eval mode
     (dropout off, so the statistics are of the model itself; its mode is restored afterwards).
     Padding rows of a mapping batch with an ``attention_mask`` are left out
-    (:func:`padding_query_mask`); a layer with non-finite logits reads max_abs_logit nan
-    (:func:`checked_flat_stats`)."""
+    (:func:`padding_query_mask`); a layer with non-finite logits reads nonfinite_fraction > 0
+    and max_abs_logit inf (:mod:`attnscale.measure.headstats`)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     prefix = check_prefix(prefix)
@@ -104,7 +81,7 @@ def attention_health(model: nn.Module, batch: Any, *, prefix: str = "attention"
             run_batch(model, batch)
     finally:
         model.train(was_training)
-    return health_scalars(checked_flat_stats(monitor), prefix)
+    return health_scalars(monitor.flat_stats(), prefix)
 
 
 def log_attention(model: nn.Module, batch: Any, writer: ScalarWriter, step: int, *,

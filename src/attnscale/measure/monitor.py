@@ -11,7 +11,9 @@
 What is captured, in TransformerLens terms: the statistics are of ``attn_scores`` -- the
 pre-softmax logits after scaling and masking -- and of the ``pattern`` softmax(attn_scores) they
 produce (entropy, max weight, effective keys), computed from the q and k entering the attention
-function; :data:`attnscale.measure.stats.STATISTICS` says which for each statistic.
+function; :data:`attnscale.measure.stats.STATISTICS` says which for each statistic. A row whose
+logits include NaN or ±inf counts in ``nonfinite_fraction`` and makes max |logit| +inf, and is
+left out of the other statistics, on every path alike (:mod:`attnscale.measure.headstats`).
 ``query_mask`` (B, Nq) bool (or broadcasting to it) must fit every recorded call: one with other
 query rows (a generation step, cross-attention) raises ValueError; set it to None for those.
 
@@ -38,11 +40,12 @@ Sources, and what happens to the model's output:
 
 Which code computes the statistics (``compile``, and :attr:`Monitor.backend`):
 
-* ``None`` (default): the native kernel where it applies (float32 on the CPU, a bool mask or
-  none), else the Python code (:class:`attnscale.measure.stats.StatsAccumulator`). The kernel is
-  built once per machine (about 30 s, then cached; ``python -m attnscale.measure.native --build``
-  does it ahead of use) on the first monitored call; where it cannot build, one warning says so
-  and the Python code runs. ``$ATTNSCALE_NATIVE_ISA=off`` switches it off.
+* ``None`` (default): the native kernel where it applies (float32 on the CPU, a bool mask, a
+  float mask that only hides keys, or none), else the Python code
+  (:class:`attnscale.measure.stats.StatsAccumulator`). The kernel is built once per machine
+  (about 30 s, then cached; ``python -m attnscale.measure.native --build`` does it ahead of
+  use) on the first monitored call; where it cannot build, one warning says so and the Python
+  code runs. ``$ATTNSCALE_NATIVE_ISA=off`` switches it off.
 * ``True``: a fused pass for every call it can reproduce: the native kernel, else the
   ``torch.compile``-d :func:`attnscale.measure.rowstats.attention_with_sums` (compiled on first
   use, a few seconds with a warm cache).
@@ -69,13 +72,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
-from torch.overrides import TorchFunctionMode
 
 from attnscale.core.inputs import check_inputs
 from attnscale.core.nn import MultiheadSelfAttention
 from attnscale.measure import monitor_calls as calls
 from attnscale.measure import native
-from attnscale.measure.rowstats import attention_with_sums, maybe_compiled
+from attnscale.measure.rowstats import SUM_FIELDS, attention_with_sums, maybe_compiled
 from attnscale.measure.stats import AttentionStats, StatsAccumulator, check_query_mask, flat_means
 from attnscale.util.validate import check_int
 
@@ -90,6 +92,7 @@ NATIVE_COUNTERFACTUALS: dict[str, tuple[str, float]] = {
     "cosine_tau1": ("cosine", 1.0),
 }
 ACTUAL = "actual"
+NONFINITE = SUM_FIELDS.index("nonfinite")
 BACKENDS = ("native", "compiled", "python")
 _HF_NAME = "attnscale_monitor"
 _ids = itertools.count()
@@ -137,8 +140,8 @@ class Monitor:
     def backend(self) -> str:
         """The path float32 CPU calls take: "native" where the kernel is built (building or
         loading it on first use) unless ``compile=False``, else "compiled" with
-        ``compile=True`` and "python" otherwise. Other calls (float64, float masks, another
-        device) take the Python path; :attr:`paths` counts what really ran."""
+        ``compile=True`` and "python" otherwise. Other calls (float64, float masks with a real
+        bias, another device) take the Python path; :attr:`paths` counts what really ran."""
         if self.compile is not False and native.fused_kernel() is not None:
             return "native"
         return "compiled" if self.compile else "python"
@@ -151,9 +154,12 @@ class Monitor:
         return {name: acc[variant].result() for name, acc in self._acc.items() if variant in acc}
 
     def flat_stats(self, variant: str = ACTUAL) -> dict[str, float]:
-        """``{f"{layer}/{statistic}": float}`` of :meth:`stats`, for loggers (JSON-ready): per
-        layer the row-weighted mean over heads and rows (max over heads for max_abs_logit),
-        named as :data:`attnscale.measure.stats.STATISTICS` describes them."""
+        """``{f"{layer}/{statistic}": float}`` of :meth:`stats`, for loggers: per layer the
+        row-weighted mean over heads and rows (max over heads for max_abs_logit, mean over
+        heads for nonfinite_fraction), named as :data:`attnscale.measure.stats.STATISTICS`
+        describes them. Finite (JSON-ready) when every logit was; a layer with non-finite
+        logits reads nonfinite_fraction > 0 and max_abs_logit inf, and NaN where no row was
+        finite (:func:`attnscale.measure.stats.flat_means`)."""
         return flat_means(self.stats(variant))
 
     def reset(self) -> None:
@@ -279,9 +285,8 @@ class Monitor:
             variants |= {label: {**base, **cf} for label, cf in COUNTERFACTUALS.items()}
         accs = self._acc.setdefault(name, {})
         qmask = self._query_mask(q.shape[0], q.shape[2])
-        if self.counterfactuals and not set(COUNTERFACTUALS) <= set(measured):
-            measured = {**self._native_counterfactuals(q, k, call, qmask, ACTUAL in measured),
-                        **measured}
+        if self.counterfactuals:
+            measured = self._counterfactuals_measured(q, k, call, qmask, measured)
         for label, kwargs in variants.items():
             acc = accs.setdefault(label, StatsAccumulator(q.shape[1], compile=self.compile))
             if label in measured:
@@ -289,6 +294,22 @@ class Monitor:
             else:
                 acc.update(q, k, query_mask=qmask, **kwargs)
                 self.paths[acc.path] += 1
+
+    def _counterfactuals_measured(self, q: Tensor, k: Tensor, call: dict[str, Any],
+                                  qmask: Tensor | None, measured: dict[str, tuple[Tensor, Tensor]]
+                                  ) -> dict[str, tuple[Tensor, Tensor]]:
+        """``measured`` with the counterfactuals one kernel pass gives
+        (:meth:`_native_counterfactuals`), unless the call's own logits are not all finite: the
+        kernel derives its variants from scale·q·k, so they would inherit an overflow of that
+        product (a huge scale, say) that their own scores do not have. Those calls keep only
+        the actual statistics here; :class:`StatsAccumulator` computes each counterfactual from
+        q and k by its own score."""
+        if not set(COUNTERFACTUALS) <= set(measured) and not _nonfinite(measured.get(ACTUAL)):
+            measured = {**self._native_counterfactuals(q, k, call, qmask, ACTUAL in measured),
+                        **measured}
+        if _nonfinite(measured.get(ACTUAL)):
+            return {ACTUAL: measured[ACTUAL]}
+        return measured
 
     def _native_counterfactuals(self, q: Tensor, k: Tensor, call: dict[str, Any],
                                 qmask: Tensor | None, have_actual: bool
@@ -363,7 +384,7 @@ class Monitor:
                 self.record(module, *calls.hf_inputs(query, key, attention_mask, kwargs, module))
 
             if original == "sdpa":  # transformers' own sdpa code, with SDPA itself watched
-                with _WatchSDPA(self, module, tuple(query.shape[1:3]), record):
+                with calls.WatchSDPA(self, module, tuple(query.shape[1:3]), record):
                     return ALL_ATTENTION_FUNCTIONS["sdpa"](
                         module, query, key, value, attention_mask, **kwargs)
             record()
@@ -381,32 +402,9 @@ class Monitor:
         self._undo.append(undo)
 
 
-class _WatchSDPA(TorchFunctionMode):
-    """Routes ``F.scaled_dot_product_attention`` calls made inside it (in this thread) to
-    :meth:`Monitor.sdpa`, so the statistics are those of SDPA's real arguments -- after the
-    model's own key/value head repetition and mask handling -- and cost no second logits
-    product. Every other torch call passes through unchanged.
-
-    ``heads_rows`` is (H, N) of the query the model passed in. A call whose query has another
-    layout -- transformers packs the query heads of grouped-query decoding into the row axis --
-    runs SDPA itself, and ``fallback()`` records the statistics from the model's own arguments.
-    """
-
-    def __init__(self, monitor: Monitor, module: nn.Module, heads_rows: tuple[int, int],
-                 fallback: Callable[[], None]) -> None:
-        super().__init__()
-        self.monitor, self.module = monitor, module
-        self.heads_rows, self.fallback = heads_rows, fallback
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        query = args[0] if args else kwargs["query"]
-        if tuple(query.shape[1:3]) == self.heads_rows:
-            return self.monitor.sdpa(self.module, *args, **kwargs)
-        self.fallback()
-        return func(*args, **kwargs)
+def _nonfinite(measured: tuple[Tensor, Tensor] | None) -> bool:
+    """Whether sums (H, len(SUM_FIELDS)) and max |logit| count a non-finite logit."""
+    return measured is not None and bool(measured[0][..., NONFINITE].any())
 
 
 def _kernel_variants(labels: list[str]) -> tuple[list[float], list[float], list[str]]:

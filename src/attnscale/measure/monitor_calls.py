@@ -1,14 +1,21 @@
 """How :class:`attnscale.measure.monitor.Monitor` reads each source's attention calls: q, k and
 the :func:`attnscale.attention` arguments equivalent to a transformers or
-``torch.nn.MultiheadAttention`` call, masks in the form the statistics read, and which calls
-one fused pass (:mod:`attnscale.measure.native`) reproduces."""
+``torch.nn.MultiheadAttention`` call, masks in the form the statistics read, which calls one
+fused pass (:mod:`attnscale.measure.native`) reproduces, and the SDPA calls of transformers'
+sdpa code (:class:`WatchSDPA`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
+
+if TYPE_CHECKING:  # the monitor imports this module
+    from attnscale.measure.monitor import Monitor
 
 
 def fusable(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any, dropout_p: float,
@@ -139,3 +146,31 @@ def torch_mha_mask(attn_mask: Tensor | None, key_padding_mask: Tensor | None, b:
         pad = additive(key_padding_mask).view(b, 1, 1, s)
         out = pad.expand(b, h, n, s) if out is None else out + pad
     return out
+
+
+class WatchSDPA(TorchFunctionMode):
+    """Routes ``F.scaled_dot_product_attention`` calls made inside it (in this thread) to
+    :meth:`attnscale.measure.monitor.Monitor.sdpa`, so the statistics are those of SDPA's real
+    arguments -- after the model's own key/value head repetition and mask handling -- and cost
+    no second logits product. Every other torch call passes through unchanged.
+
+    ``heads_rows`` is (H, N) of the query the model passed in. A call whose query has another
+    layout -- transformers packs the query heads of grouped-query decoding into the row axis --
+    runs SDPA itself, and ``fallback()`` records the statistics from the model's own arguments.
+    """
+
+    def __init__(self, monitor: Monitor, module: nn.Module, heads_rows: tuple[int, int],
+                 fallback: Callable[[], None]) -> None:
+        super().__init__()
+        self.monitor, self.module = monitor, module
+        self.heads_rows, self.fallback = heads_rows, fallback
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        query = args[0] if args else kwargs["query"]
+        if tuple(query.shape[1:3]) == self.heads_rows:
+            return self.monitor.sdpa(self.module, *args, **kwargs)
+        self.fallback()
+        return func(*args, **kwargs)

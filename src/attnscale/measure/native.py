@@ -63,7 +63,11 @@ def fused_kernel(isa: str | None = None) -> Callable | None:
     (logits s·q·k, s > 0) or ``cosine_taus`` (τ·q·k/(max(‖q‖, ε)·max(‖k‖, ε)),
     ε = :data:`COSINE_EPS`, as ``F.normalize``) they are (V, H, F) and (V, H), V = 1 + the
     variants: the attention's own logits first, then the dot and the cosine variants in order.
-    Variants need scale > 0.
+    Variants need scale > 0. A kept row whose visible logits scale·q·k include NaN or ±inf
+    counts only in "scored" and "nonfinite" and makes max |logit| +inf, in every variant alike
+    (the rule of :mod:`attnscale.measure.headstats`; variants are computed from those logits,
+    so they inherit them -- including an overflow of scale·q·k that their own score would not
+    have, which the monitor avoids by recomputing such calls' counterfactuals).
 
     ``isa``: one of :data:`attnscale.util.cppext.FLAGS` to build for (e.g. ``"generic"``, the
     portable build any CPU compiles); None takes :func:`attnscale.util.cppext.target_isa`,

@@ -18,13 +18,15 @@ are skipped. Per row i with weights p = softmax(ℓ) over its visible keys:
 * logsumexp ln Σ_j e^{ℓ_ij} and the z-loss term (logsumexp)² (PaLM's auxiliary loss).
 
 Per-head values average over batch and rows; logit mean/std/max |logit| run over visible entries.
+A row with a visible logit that is NaN or ±inf counts only in ``nonfinite_fraction`` and makes
+max |logit| +inf (the rule, and what each statistic captures: :mod:`attnscale.measure.headstats`,
+whose names this module re-exports).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -34,12 +36,15 @@ from torch import Tensor
 from attnscale.core.inputs import check_inputs, expand_key_head_params, normalize_mask
 from attnscale.core.scores import Context, Score, get_score, resolve_params
 from attnscale.measure import native
+from attnscale.measure.headstats import STATISTICS, AttentionStats, flat_means, from_sums
+from attnscale.measure.monitor_calls import keep_mask
 from attnscale.measure.rowstats import (
     ROW_FIELDS,
     SATURATION,
     SUM_FIELDS,
     attention_with_sums,
     head_sums,
+    hide,
     maybe_compiled,
 )
 
@@ -60,66 +65,6 @@ __all__ = [
 
 CHUNK_ELEMENTS = 1 << 22  # elements of one (B, H, chunk, Nk) block
 
-# What each statistic is computed from, in TransformerLens terms: ``attn_scores`` (its
-# ``hook_attn_scores``) are the pre-softmax logits after scaling -- the score's formula, e.g.
-# q·k/√d or softcap -- and masking, where a float mask is added and hidden keys drop out;
-# ``pattern`` (``hook_pattern``) is softmax(attn_scores) over the keys the query sees (n_i).
-# Every statistic but ``rows`` averages over kept query rows per head.
-STATISTICS: dict[str, str] = {
-    "rows": "count: query rows averaged (kept, with at least one visible key), summed over heads",
-    "logit_mean": "attn_scores: mean over visible (query, key) entries",
-    "logit_std": "attn_scores: standard deviation over visible (query, key) entries",
-    "max_abs_logit": "attn_scores: max |logit| over visible entries (max over heads in means)",
-    "entropy": "pattern: entropy −Σ_j p_ij ln p_ij in nats",
-    "entropy_uniform": "mask only: ln n_i, the entropy of a uniform pattern over the same keys",
-    "entropy_normalized": "pattern: entropy / ln n_i, over rows with n_i ≥ 2",
-    "max_weight": "pattern: largest weight max_j p_ij",
-    "effective_keys": "pattern: participation ratio 1/Σ_j p_ij²",
-    "saturated_fraction": f"pattern: fraction of rows whose largest weight exceeds {SATURATION}",
-    "jacobian_norm": "pattern: Frobenius norm of the softmax Jacobian diag(p) − ppᵀ",
-    "logsumexp": "attn_scores: ln Σ_j exp(logit_ij) over visible keys (softmax normalizer)",
-    "z_loss": "attn_scores: logsumexp², PaLM's z-loss (Chowdhery et al. 2022, arXiv:2204.02311)",
-}
-
-
-@dataclass
-class AttentionStats:
-    """Per-head statistics, each an array of shape (H,), plus the number of rows they average."""
-
-    rows: np.ndarray
-    logit_mean: np.ndarray
-    logit_std: np.ndarray
-    max_abs_logit: np.ndarray
-    entropy: np.ndarray
-    entropy_uniform: np.ndarray  # mean ln n_i: the entropy if every row were uniform
-    entropy_normalized: np.ndarray
-    max_weight: np.ndarray
-    effective_keys: np.ndarray
-    saturated_fraction: np.ndarray
-    jacobian_norm: np.ndarray
-    logsumexp: np.ndarray
-    z_loss: np.ndarray
-
-    def mean(self) -> dict[str, float]:
-        """Aggregate over heads: the max for max_abs_logit, a row-weighted mean otherwise."""
-        w = self.rows / max(self.rows.sum(), 1)
-        out: dict[str, float] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "rows":
-                out[f.name] = float(value.sum())
-            elif f.name == "max_abs_logit":
-                out[f.name] = float(np.max(value))
-            else:
-                out[f.name] = float(np.nansum(value * w))
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        """{"per_head": {name: [H floats]}, "mean": {name: float}}."""
-        per_head = {k: np.asarray(v, dtype=float).tolist() for k, v in asdict(self).items()}
-        return {"per_head": per_head, "mean": self.mean()}
-
-
 def logit_stats(
     logits: Tensor,
     attn_mask: Tensor | None = None,
@@ -129,7 +74,8 @@ def logit_stats(
     """Statistics of pre-softmax scores ``logits`` (B, H, Nq, Nk) (scaled, not yet masked).
 
     ``attn_mask`` (bool keep / float additive) and ``is_causal`` as in :func:`attnscale.attention`;
-    ``query_mask`` (B, Nq) bool drops query rows (e.g. padding tokens) from the averages.
+    ``query_mask`` (B, Nq) bool drops query rows (e.g. padding tokens) from the averages. NaN and
+    ±inf at visible entries are measured (``nonfinite_fraction``), not rejected.
     """
     if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() != 4:
         raise ValueError("logits must be a floating tensor of shape (B, H, Nq, Nk)")
@@ -218,8 +164,8 @@ class StatsAccumulator:
     Block math runs in float32 (float64 for float64 inputs); sums accumulate in float64.
     ``compile``: False runs the per-block row reductions as plain tensor code; None (what the
     monitor passes by default) takes the native kernel's statistics-only pass for float32 on
-    the CPU where the score allows (:meth:`_native_update`), else that tensor code; True the
-    same, with the tensor code through ``torch.compile`` (one fused pass instead of about a
+    the CPU where the score and mask allow (:meth:`_native_update`), else that tensor code;
+    True the same, with the tensor code through ``torch.compile`` (one fused pass instead of about a
     dozen; the first call compiles, a few seconds with a warm cache). ``path`` says which ran
     last: "native", "compiled" or "python".
     """
@@ -284,12 +230,15 @@ class StatsAccumulator:
     def _native_update(self, sc: Score, params, q: Tensor, k: Tensor, scale, mask, is_causal,
                        qmask) -> bool:
         """Add the statistics in one pass of the native kernel (:mod:`attnscale.measure.native`, its
-        statistics-only mode) where it applies: float32 on the CPU, a bool mask or none, and a
+        statistics-only mode) where it applies: float32 on the CPU, a bool mask, a float mask
+        that only hides keys (0 where visible, −inf elsewhere, as padding masks are; read as the
+        bool mask it is, :func:`attnscale.measure.monitor_calls.keep_mask`) or none, and a
         score that is one scalar times the product of its prepared q and k (no ``mod``, no
         per-row or per-head scale). Returns whether it did."""
         if sc.mod is not None or q.dtype != torch.float32 or q.device.type != "cpu":
             return False
-        if mask is not None and mask.dtype != torch.bool:
+        usable, mask = keep_mask(mask)
+        if not usable:  # a real bias: it changes the logits, which the kernel does not add
             return False
         kernel = native.fused_kernel()
         if kernel is None:
@@ -320,8 +269,6 @@ class StatsAccumulator:
         query_mask: Tensor | None = None,
     ) -> None:
         """Add pre-softmax scores (B, H, Nq, Nk) (scaled, not yet masked)."""
-        if torch.isnan(logits).any():
-            raise ValueError("logits contain NaN")
         b, h, nq, nk = logits.shape
         self._check_heads(h)
         mask = normalize_mask(attn_mask, logits.dtype)
@@ -333,7 +280,8 @@ class StatsAccumulator:
             for rows, keep, bias in _blocks(mask, is_causal, (b, h, nq, nk), logits.device):
                 block = logits[:, :, rows].to(work)
                 rows_kept = None if qmask is None else qmask[:, None, rows]
-                self.add(_apply_mask(block, keep, bias, inplace=False), rows_kept=rows_kept)
+                self.add(_apply_mask(block, keep, bias, inplace=False), rows_kept=rows_kept,
+                         hidden_keys=keep is not None)
 
     def _check_heads(self, heads: int) -> None:
         if heads != self.heads:
@@ -342,9 +290,11 @@ class StatsAccumulator:
     def add(
         self, logits: Tensor, *, rows_kept: Tensor | None = None, hidden_keys: bool = True
     ) -> None:
-        """Add one block of masked logits (B, H, c, Nk): −inf marks a key the query does not see.
-        ``rows_kept`` (B, 1, c) bool drops query rows. ``hidden_keys=False`` promises there is
-        no −inf (every key visible), which skips the masking work."""
+        """Add one block of masked logits (B, H, c, Nk): −inf marks a key the query does not see,
+        NaN or +inf a visible logit that is not finite (:func:`attnscale.measure.rowstats.hide`
+        puts a visible −inf as NaN). ``rows_kept`` (B, 1, c) bool drops query rows.
+        ``hidden_keys=False`` says every key is visible (a −inf is then an overflowed logit),
+        which skips the masking work."""
         if logits.dtype not in (torch.float32, torch.float64):
             logits = logits.float()
         b, c = logits.shape[0], logits.shape[2]
@@ -364,26 +314,12 @@ class StatsAccumulator:
             torch.maximum(self._max, head_max.to(self._max.device), out=self._max)
 
     def result(self) -> AttentionStats:
+        """The statistics of everything added so far
+        (:func:`attnscale.measure.headstats.from_sums`); NaN, and max_abs_logit 0, for a head
+        that has seen nothing."""
         if self._sums is None:
-            totals, max_abs = np.zeros((self.heads, len(SUM_FIELDS))), np.zeros(self.heads)
-        else:
-            totals, max_abs = self._sums.cpu().numpy(), self._max.cpu().numpy()
-        t = {name: totals[:, i] for i, name in enumerate(SUM_FIELDS)}
-
-        def per(name: str, count: str) -> np.ndarray:
-            return t[name] / np.where(t[count] > 0, t[count], np.nan)
-
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = per("logit_sum", "entries")
-            var = per("logit_sq", "entries") - mean**2
-            return AttentionStats(
-                rows=t["rows"],
-                logit_mean=mean,
-                logit_std=np.sqrt(np.maximum(var, 0.0)),
-                max_abs_logit=max_abs,
-                entropy_normalized=per("norm_entropy", "norm_rows"),
-                **{name: per(name, "rows") for name in self.ROW_FIELDS},
-            )
+            return from_sums(np.zeros((self.heads, len(SUM_FIELDS))), np.zeros(self.heads))
+        return from_sums(self._sums.cpu().numpy(), self._max.cpu().numpy())
 
 
 def _score_block(sc: Score, params, q: Tensor, k: Tensor, scale, ctx: Context, work) -> Tensor:
@@ -400,13 +336,14 @@ def _score_block(sc: Score, params, q: Tensor, k: Tensor, scale, ctx: Context, w
 
 
 def _apply_mask(z: Tensor, keep: Tensor | None, bias: Tensor | None, inplace: bool) -> Tensor:
-    """Add the float mask and put −inf on hidden keys."""
+    """Add the float mask and put −inf on hidden keys (a visible −inf becomes NaN: :func:`hide`)."""
     if keep is None:
         return z
     if bias is not None:
         z = z.add_(bias) if inplace else z + bias
-        inplace = True
-    return z.masked_fill_(~keep, float("-inf")) if inplace else z.masked_fill(~keep, float("-inf"))
+    elif not inplace:
+        z = z.clone()
+    return hide(z, keep)
 
 
 class _PerRowScale(Exception):
@@ -431,15 +368,6 @@ def check_query_mask(query_mask: Tensor | None, b: int, nq: int) -> Tensor | Non
         raise ValueError(f"query_mask must have shape (B, Nq) = {(b, nq)} (or broadcast to it), "
                          f"got {tuple(query_mask.shape)}")
     return query_mask.expand(b, nq)
-
-
-def flat_means(layers: Mapping[str, AttentionStats]) -> dict[str, float]:
-    """``{f"{layer}/{statistic}": float}``, for loggers: each layer's :meth:`AttentionStats.mean`
-    (row-weighted mean over heads and rows; max over heads for max_abs_logit; total for rows).
-    Plain Python floats, finite, so ``json.dumps(..., allow_nan=False)`` takes them. What each
-    statistic measures: :data:`STATISTICS`."""
-    return {f"{layer}/{name}": float(value)
-            for layer, s in layers.items() for name, value in s.mean().items()}
 
 
 def uniform_entropy(n: int) -> float:

@@ -25,6 +25,14 @@
 // Without a bool mask a row's visible keys are a prefix (all of them, or 0..i under causal):
 // the passes skip the per-lane visibility test up to its last full vector and stop after it.
 //
+// Non-finite logits (rowstats.py and headstats.py state the rule every path follows): a kept row
+// whose visible logits include NaN or ±inf adds its visible count to "scored" and its non-finite
+// count to "nonfinite", sets max |logit| to +inf, and adds nothing else. The count comes from the
+// row-max pass: every non-finite entry of the row, less the hidden keys (all −inf). Variants are
+// computed from these logits, so such a row is one of theirs too, with the same count; where
+// the product scale·q·k overflowed but a variant's own logits would not, that variant is wrong
+// for the row, and the monitor recomputes the counterfactuals of such calls by their own scores.
+//
 // Vectorized<float> takes its width from CPU_CAPABILITY (attnscale.util.cppext): AVX512, AVX2, or
 // DEFAULT, ATen's portable implementation, which compiles on any CPU (ARM included).
 #include <torch/extension.h>
@@ -42,12 +50,14 @@
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
-constexpr int64_t kFields = 14;  // len(rowstats.SUM_FIELDS), in that order
+constexpr int64_t kFields = 16;  // len(rowstats.SUM_FIELDS), in that order
+constexpr int64_t kScored = 14, kNonfinite = 15;  // their indices of "scored" and "nonfinite"
 constexpr int kRows = 4;         // query rows per register tile
 // Largest τ whose fixed shift keeps every e³ = exp(3(x − τ)) ≥ exp(−6τ) a normal float32 with
 // room to spare (Σe³ feeds the Jacobian norm).
 constexpr double kFixedShiftMax = 8.0;
-const float kNegInf = -std::numeric_limits<float>::infinity();
+const float kInf = std::numeric_limits<float>::infinity();
+const float kNegInf = -kInf;
 
 struct Sums {  // what one logits row adds
   float s0 = 0, s1 = 0, s2 = 0, s3 = 0, t1 = 0, t2 = 0, amax = 0, zmax = 0;
@@ -197,9 +207,17 @@ void pv_rows(const float* e, int64_t width, int64_t S, const float* v, int64_t l
   }
 }
 
-float row_max(const float* zr, int64_t end) {
-  Vec mx(kNegInf);
-  for (int64_t j = 0; j < end; j += Vec::size()) mx = at::vec::maximum(mx, Vec::loadu(zr + j));
+// The max of zr[0, end) (NaN if any entry is NaN), and in *nonfinite the number of its entries
+// that are NaN or ±inf, hidden keys (−inf) included.
+float row_max(const float* zr, int64_t end, int64_t* nonfinite) {
+  const Vec inf(kInf), one(1.f), zero(0.f);
+  Vec mx(kNegInf), count(0.f);  // per-lane counts stay exact in float32 below 2^24
+  for (int64_t j = 0; j < end; j += Vec::size()) {
+    const Vec x = Vec::loadu(zr + j);
+    mx = at::vec::maximum(mx, x);
+    count = count + Vec::blendv(one, zero, x.abs() < inf);  // NaN compares false: counted
+  }
+  *nonfinite = static_cast<int64_t>(hsum(count));
   return hmax(mx);
 }
 
@@ -215,8 +233,16 @@ void add_row(double* acc, const Sums& r, double m, double top, int64_t n_vis, do
       1.0, entropy, log_n, max_weight, 1.0 / std::max(p2, 1e-30),
       max_weight > saturation ? 1.0 : 0.0, std::sqrt(std::max(p2 - 2 * p3 + p2 * p2, 0.0)),
       lse, lse * lse, n_vis >= 2 ? entropy / log_n : 0.0,
-      n_vis >= 2 ? 1.0 : 0.0, static_cast<double>(n_vis), r.t1, r.t2};
+      n_vis >= 2 ? 1.0 : 0.0, static_cast<double>(n_vis), r.t1, r.t2,
+      static_cast<double>(n_vis), 0.0};
   for (int64_t f = 0; f < kFields; ++f) acc[f] += values[f];
+}
+
+// A row with `nonfinite` > 0 of its n_vis visible logits not finite: counted, nothing else.
+void add_nonfinite_row(double* acc, double* vmax, int64_t n_vis, int64_t nonfinite) {
+  acc[kScored] += static_cast<double>(n_vis);
+  acc[kNonfinite] += static_cast<double>(nonfinite);
+  *vmax = std::numeric_limits<double>::infinity();
 }
 
 // The counterfactual variants of one row of masked logits z (scaled by `scale`, not yet
@@ -379,17 +405,21 @@ std::vector<at::Tensor> attention_with_sums(
           const bool kept = kept_rows[b * N + i];
           if (!kept && !with_output) continue;
           std::fill(zr + S, zr + width, kNegInf);  // padding: hidden
-          int64_t n_vis = S;
+          int64_t n_vis = S;  // the keys the query sees, whatever their logits
           if (is_causal) {  // aligned to the upper left, as SDPA's is_causal
             n_vis = std::min(i + 1, S);
             std::fill(zr + n_vis, zr + S, kNegInf);
           }
           if (has_keep) {
             const bool* kr = keep + b * ms[0] + h * ms[1] + i * ms[2];
+            const int64_t seen = n_vis;
             n_vis = 0;
-            for (int64_t j = 0; j < S; ++j) {
-              if (!kr[j * ms[3]]) zr[j] = kNegInf;
-              n_vis += zr[j] > kNegInf;
+            for (int64_t j = 0; j < seen; ++j) {
+              if (kr[j * ms[3]]) {
+                ++n_vis;
+              } else {
+                zr[j] = kNegInf;
+              }
             }
           }
           if (n_vis == 0) {  // SDPA gives 0 for a row with no visible key
@@ -400,16 +430,26 @@ std::vector<at::Tensor> attention_with_sums(
           // last partial vector, nothing after it.
           const int64_t end = has_keep ? width : (n_vis + V - 1) / V * V;
           const int64_t dense = has_keep ? 0 : n_vis / V * V;
-          const float m = row_max(zr, end);
-          const bool extras = kept && nv > 1;
+          int64_t nonfinite;
+          const float m = row_max(zr, end, &nonfinite);
+          nonfinite -= end - n_vis;  // the hidden keys in [0, end), all −inf
+          const bool extras = kept && nv > 1 && nonfinite == 0;
           if (extras) {
             extra.measure(zr, dense, end, width, m, cosine ? norm(qb + i * qs2, D) : 0.f,
                           inv_k.data(), vsums.data(), shifts.data());
           }
-          const Sums own =
-              with_output ? row_pass<true, false, false, true>(zr, dense, end, width, m, 1.f, nullptr)
-                          : row_pass<false, false, false, true>(zr, dense, end, width, m, 1.f, nullptr);
-          if (kept) {
+          Sums own;
+          if (with_output) {  // the weights for the product with v, as SDPA computes them
+            own = row_pass<true, false, false, true>(zr, dense, end, width, m, 1.f, nullptr);
+            inv[r] = 1.f / own.s0;
+          } else if (nonfinite == 0) {
+            own = row_pass<false, false, false, true>(zr, dense, end, width, m, 1.f, nullptr);
+          }
+          if (kept && nonfinite > 0) {
+            for (int64_t v = 0; v < nv; ++v) {
+              add_nonfinite_row(acc + kFields * v, vmax + v, n_vis, nonfinite);
+            }
+          } else if (kept) {
             const double log_n = std::log(static_cast<double>(n_vis));
             add_row(acc, own, m, 1.0, n_vis, log_n, saturation);
             vmax[0] = std::max(vmax[0], static_cast<double>(own.amax));
@@ -417,7 +457,6 @@ std::vector<at::Tensor> attention_with_sums(
               extra.add(vsums.data(), shifts.data(), own, n_vis, log_n, saturation, acc, vmax);
             }
           }
-          inv[r] = 1.f / own.s0;
         }
         if (with_output) {
           pv_rows<R>(z.data(), width, S, vb, vs2, Dv, inv, ob + i0 * H * Dv, H * Dv);
