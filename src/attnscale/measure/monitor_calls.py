@@ -7,15 +7,19 @@ sdpa code (:class:`WatchSDPA`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-if TYPE_CHECKING:  # the monitor imports this module
-    from attnscale.measure.monitor import Monitor
+
+class AnswersSDPA(Protocol):
+    """What :class:`WatchSDPA` needs of its monitor (:class:`attnscale.measure.monitor.Monitor`,
+    which imports this module, so it is named by its one method rather than imported)."""
+
+    def sdpa(self, module: nn.Module, *args: Any, **kwargs: Any) -> Tensor: ...
 
 
 def fusable(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any, dropout_p: float,
@@ -159,7 +163,7 @@ class WatchSDPA(TorchFunctionMode):
     runs SDPA itself, and ``fallback()`` records the statistics from the model's own arguments.
     """
 
-    def __init__(self, monitor: Monitor, module: nn.Module, heads_rows: tuple[int, int],
+    def __init__(self, monitor: AnswersSDPA, module: nn.Module, heads_rows: tuple[int, int],
                  fallback: Callable[[], None]) -> None:
         super().__init__()
         self.monitor, self.module = monitor, module
