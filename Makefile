@@ -17,9 +17,9 @@ $(BIN)/python:
 $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,hf,ray,parquet]'
-	# the native kernels (soft-capping attention, monitor statistics): built once here, about
-	# 40 s each, then loaded from PyTorch's extension cache; a machine that cannot build them
-	# gets the Python paths (the command says which)
+	# the native kernels (soft-capping attention, q/k row normalization, monitor statistics):
+	# built once here, 20-40 s each, then loaded from PyTorch's extension cache; a machine that
+	# cannot build them gets the Python paths (the command says which)
 	$(BIN)/attnscale kernels --build
 	touch $(STAMP)
 

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import logging
 import math
-import platform
 from contextlib import contextmanager
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from native_support import must_build
 
 from attnscale import attention, reference_attention
 from attnscale.core import native
@@ -48,13 +48,6 @@ C_EXP = 20  # ulp of PyTorch's vectorized exp_u20 (float32); Sleef's exp (float6
 E_TANH = 5  # ulp of the kernel's float32 tanh, relative; asserted in test_fast_tanh_error
 PATHS = ["native", "chunked"]
 
-
-def must_build() -> bool:
-    """Where the kernel must build (this project's machines): x86 with AVX2 or AVX512, native
-    kernels not switched off."""
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
-    return x86 and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and \
-        cppext.target_isa() is not None
 
 
 @contextmanager
@@ -295,7 +288,7 @@ def test_uncovered_inputs_take_the_fallback(monkeypatch):
 def test_off_switch(monkeypatch):
     """$ATTNSCALE_NATIVE_ISA=off: no kernel, the reason says why, the chunked path runs."""
     monkeypatch.setenv(cppext.ENV, "off")
-    monkeypatch.setattr(native, "_state", {"forced": 0, "last_path": None})
+    monkeypatch.setattr(native.KERNEL, "state", {})  # load again, under the switch
     assert native.softcap_kernel() is None
     status = native.kernel_status()
     assert status["path"] == "chunked" and "off" in status["reason"]
@@ -331,7 +324,7 @@ def test_generic_build_matches_reference(monkeypatch):
     assert module is not None, isa
     assert isa == "generic" and module.capability() == "DEFAULT"
     native.softcap_kernel()  # the process's own build first, then the generic one in its place
-    monkeypatch.setitem(native._state, "module", module)
+    monkeypatch.setattr(native.KERNEL, "state", {**native.KERNEL.state, "module": module})
     q, k, v = qkv(2, 4, 2, 67, 530, 19, 19)
     mask = masks(2, 4, 67, 530)["bool"]
     check("native", q, k, v, mask=mask, causal=True)

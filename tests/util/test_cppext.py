@@ -145,3 +145,30 @@ def test_build_of_a_missing_source_warns_and_falls_back(root, tmp_path, caplog, 
                                       isa="generic")
     assert module is None and "RuntimeError" in reason
     assert [r.levelno for r in caplog.records if r.name == log.name] == [logging.WARNING]
+
+
+def test_kernel_loads_once_and_its_switch_sends_calls_to_the_fallback(monkeypatch, source):
+    """cppext.Kernel: one build per process however often it is asked, the status of a loaded
+    and of a failed build, and forced_fallback nesting."""
+    calls = []
+
+    def fake(stem, src, what, log, isa=None):
+        calls.append(stem)
+        return SimpleNamespace(name=stem), "AVX2"
+
+    monkeypatch.setattr(cppext, "build", fake)
+    monkeypatch.setattr(cppext, "target_isa", lambda: "AVX2")
+    kernel = cppext.Kernel("fake", source, "a fake kernel", logging.getLogger(__name__),
+                           fallback="chunked")
+    assert kernel.module() is kernel.module() and calls == ["fake"]
+    assert kernel.status() == {"isa": "AVX2", "cached": False, "reason": None, "path": "native"}
+    with kernel.forced_fallback():
+        with kernel.forced_fallback():
+            assert kernel.active() is None and kernel.status()["path"] == "chunked"
+        assert kernel.forced == 1
+    assert kernel.active() is kernel.module() and kernel.forced == 0
+    monkeypatch.setattr(cppext, "build", lambda *a, **k: (None, "no compiler"))
+    failed = cppext.Kernel("fake", source, "a fake kernel", logging.getLogger(__name__))
+    assert failed.module() is None
+    assert failed.status() == {"isa": None, "cached": False, "reason": "no compiler",
+                               "path": "python"}

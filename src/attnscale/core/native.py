@@ -22,9 +22,7 @@ kernels off for the process; :func:`forced_fallback` does it for a ``with`` bloc
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -40,63 +38,38 @@ SOURCE = Path(__file__).parent / "csrc" / "softcap_attention.cpp"
 STEM = "softcap_attention"
 DTYPES = (torch.float32, torch.float64)
 log = logging.getLogger(__name__)
-_state: dict[str, Any] = {"forced": 0, "last_path": None}
-_lock = threading.Lock()
+KERNEL = cppext.Kernel(STEM, SOURCE, "the soft-capping attention kernel", log, fallback="chunked")
+_paths: dict[str, str | None] = {"last": None}
 
 
 def softcap_kernel() -> ModuleType | None:
     """The compiled soft-capping kernel module, or None where it cannot be built (the reason is
     in :func:`kernel_status`). Built or loaded once per process."""
-    if "module" not in _state:
-        with _lock:
-            if "module" not in _state:
-                _load()
-    return _state["module"]
-
-
-def _load() -> None:
-    try:
-        isa = cppext.target_isa()
-    except ValueError:
-        isa = None  # build() reports the same error as the reason
-    # build() names the module attnscale_<stem>_<isa>; whether it was cached is only reported.
-    cached = isa is not None and cppext.is_cached(f"attnscale_{STEM}_{isa.lower()}")
-    module, info = cppext.build(STEM, SOURCE, "the soft-capping attention kernel", log)
-    _state.update(module=module, isa=info if module is not None else None,
-                  reason=None if module is not None else info, cached=cached)
+    return KERNEL.module()
 
 
 def kernel_status() -> dict[str, Any]:
-    """{"isa": the capability built for or None, "cached": whether the build was found in
-    PyTorch's extension cache, "reason": why there is no kernel or None, "path": "native" or
-    "chunked" (what a qualifying soft-capped call takes now)}. Builds the kernel if needed."""
-    module = softcap_kernel()
-    native = module is not None and not _state["forced"]
-    return {"isa": _state["isa"], "cached": _state["cached"], "reason": _state["reason"],
-            "path": "native" if native else "chunked"}
+    """{"isa": the capability built for or None, "cached": whether an up-to-date build was
+    found in PyTorch's extension cache, "reason": why there is no kernel or None, "path":
+    "native" or "chunked" (what a qualifying soft-capped call takes now)}. Builds the kernel
+    if needed."""
+    return KERNEL.status()
 
 
-@contextmanager
-def forced_fallback() -> Iterator[None]:
+def forced_fallback() -> AbstractContextManager[None]:
     """Inside the block every soft-capped call takes the chunked path (for tests)."""
-    with _lock:
-        _state["forced"] += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _state["forced"] -= 1
+    return KERNEL.forced_fallback()
 
 
 def note_path(path: str) -> None:
     """Record which path a modded-score call took ("native", "chunked", "materialized",
     "flex"); :func:`last_path` reads it."""
-    _state["last_path"] = path
+    _paths["last"] = path
 
 
 def last_path() -> str | None:
     """The path the last modded-score call in this process took (None before any)."""
-    return _state["last_path"]
+    return _paths["last"]
 
 
 def head_caps(cap: Any, heads: int) -> list[float] | None:
@@ -130,10 +103,10 @@ def softcap_attention(params: dict[str, Any], q: Tensor, k: Tensor, v: Tensor,
     None when the kernel is off or does not cover the inputs. q (B, H, N, D), k (B, Hkv, S, D),
     v (B, Hkv, S, Dv) with Hkv dividing H; mask None, bool (True = keep) or additive, 4-D and
     broadcasting to (B, H, N, S). Differentiable in q, k and v."""
-    if _state["forced"] or not qualifies(q, k, v, mask):
+    if KERNEL.forced or not qualifies(q, k, v, mask):
         return None
     caps = head_caps(params["cap"], q.shape[1])
-    kernel = softcap_kernel() if caps is not None else None
+    kernel = KERNEL.active() if caps is not None else None
     if kernel is None:
         return None
     s = default_scale(scale, q.shape[-1])

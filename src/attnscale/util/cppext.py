@@ -25,9 +25,13 @@ import os
 import platform
 import shutil
 import sysconfig
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -121,3 +125,63 @@ def build(stem: str, source: Path, what: str, log: logging.Logger,
     finally:
         os.environ["PATH"] = path
     return module, isa
+
+
+class Kernel:
+    """One native kernel, built (or loaded) by :func:`build` on first use, once per process and
+    thread-safely, with a switch that sends callers to their fallback path (tests).
+
+    ``fallback`` names the path a qualifying call takes without the kernel (e.g. "chunked"),
+    for :meth:`status`."""
+
+    def __init__(self, stem: str, source: Path, what: str, log: logging.Logger,
+                 fallback: str = "python") -> None:
+        self.stem, self.source, self.what, self.log = stem, Path(source), what, log
+        self.fallback = fallback
+        self.forced = 0  # > 0 inside forced_fallback()
+        self.state: dict[str, Any] = {}
+        self.lock = threading.Lock()
+
+    def module(self) -> ModuleType | None:
+        """The compiled module, or None where it cannot be built (:meth:`status` says why)."""
+        if "module" not in self.state:
+            with self.lock:
+                if "module" not in self.state:
+                    self.state = self.load()
+        return self.state["module"]
+
+    def load(self) -> dict[str, Any]:
+        """Build or load now: {"module", "isa", "reason", "cached"} (cached: whether an
+        up-to-date build was found, as :func:`is_cached` reports it)."""
+        try:
+            isa = target_isa()
+        except ValueError:
+            isa = None  # build() reports the same error as the reason
+        cached = isa is not None and is_cached(f"attnscale_{self.stem}_{isa.lower()}",
+                                               self.source)
+        module, info = build(self.stem, self.source, self.what, self.log)
+        return {"module": module, "isa": info if module is not None else None,
+                "reason": None if module is not None else info, "cached": cached}
+
+    def active(self) -> ModuleType | None:
+        """The module a qualifying call uses now: None while :meth:`forced_fallback` holds."""
+        return None if self.forced else self.module()
+
+    def status(self) -> dict[str, Any]:
+        """{"isa": the capability built for or None, "cached", "reason": why there is no kernel
+        or None, "path": "native" or the fallback's name (what a qualifying call takes now)}.
+        Builds the kernel if needed."""
+        native = self.module() is not None and not self.forced
+        return {"isa": self.state["isa"], "cached": self.state["cached"],
+                "reason": self.state["reason"], "path": "native" if native else self.fallback}
+
+    @contextmanager
+    def forced_fallback(self) -> Iterator[None]:
+        """Inside the block every call takes the fallback path."""
+        with self.lock:
+            self.forced += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.forced -= 1
