@@ -62,19 +62,24 @@ def _covers(x: Tensor) -> bool:
             and not torch.compiler.is_compiling())
 
 
+def _ready(t: Tensor) -> tuple[ModuleType, Tensor] | None:
+    # The kernel reads rows with a unit last stride; None: it is off or does not cover t.
+    kernel = KERNEL.active() if _covers(t) else None
+    if kernel is None:
+        return None
+    return kernel, (t.contiguous() if t.shape[-1] > 1 and t.stride(-1) != 1 else t)
+
+
 def normalize_rows(x: Tensor, eps: float, kind: str) -> tuple[Tensor, Tensor, Tensor] | None:
     """(y, r, dot_scale) of the row normalization ``kind`` ("layer", "rms" or "unit") over x's
     last dimension: y contiguous with x's shape, r and dot_scale (…, N, 1). None when the
     kernel is off or does not cover x (module docstring)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
-    if KERNEL.forced or not _covers(x):
+    ready = _ready(x)
+    if ready is None:
         return None
-    kernel = KERNEL.active()
-    if kernel is None:
-        return None
-    if x.shape[-1] > 1 and x.stride(-1) != 1:
-        x = x.contiguous()
+    kernel, x = ready
     y, r, dot_scale = kernel.forward(x, KINDS[kind], float(eps))
     return y, r.unsqueeze(-1), dot_scale.unsqueeze(-1)
 
@@ -84,11 +89,8 @@ def rows_grad(y: Tensor, dy: Tensor, r: Tensor, dot_scale: Tensor,
     """dx = r·dy − dot_scale·⟨y, dy⟩·y − [centered] r·mean(dy), contiguous with y's shape, for
     y, r and dot_scale as :func:`normalize_rows` returned them; None when the kernel is off or
     dy does not match y's dtype and device."""
-    if KERNEL.forced or not _covers(dy) or dy.dtype != y.dtype:
+    ready = _ready(dy) if dy.dtype == y.dtype else None
+    if ready is None:
         return None
-    kernel = KERNEL.active()
-    if kernel is None:
-        return None
-    if dy.shape[-1] > 1 and dy.stride(-1) != 1:
-        dy = dy.contiguous()
+    kernel, dy = ready
     return kernel.backward(y, dy, r, dot_scale, bool(centered))
