@@ -284,3 +284,19 @@ def test_generic_build_matches_the_formula(name, path, monkeypatch):
     assert native_rows.KERNEL.active() is module
     x, dy = rows((2, 3, 7, 64), "bnhd", offset=2.0), rows((2, 3, 7, 64), "bhnd", seed=1)
     assert_float32_bounds(name, x, dy)
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_a_fallback_forward_has_a_fallback_backward(name, path):
+    """A forward on the PyTorch ops (forced, or not covered) keeps its backward there: the
+    kernel's backward reads buffers only its own forward lays out. q sliced out of a fused qkv
+    projection has gaps between rows, so the fallback's saved y is not contiguous."""
+    if path != "native":
+        pytest.skip("switches between the paths itself")
+    qkv = rows((2, 3, 5, 3 * 16), "bnhd", torch.float64, offset=0.5)
+    x = qkv[..., :16].detach().requires_grad_()  # (B, H, N, D) with gaps
+    with native_rows.forced_fallback():
+        y = NORMS[name][0](x, EPS)
+    (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))  # outside the switch
+    y_ref, dx_ref, _ = reference(name, x, torch.ones_like(y), EPS)
+    torch.testing.assert_close(dx, dx_ref, rtol=1e-10, atol=1e-12)

@@ -299,7 +299,7 @@ def test_head_specs(spec, head):
     ("0", ValueError), ("0.", ValueError), (".2", ValueError), ("a.b", ValueError),
     ("0.2.1", ValueError), ("-1.0", ValueError), ("1.5e0", ValueError), ("", ValueError),
     ("0,2", ValueError), ((0, 2, 1), TypeError), ((0.0, 2), TypeError), ((True, 2), TypeError),
-    (2, TypeError), (None, TypeError),
+    (2, TypeError), (None, TypeError), ((0, -1), ValueError), ((-2, 0), ValueError),
 ])
 def test_bad_head_specs_name_the_argument(spec, error):
     with pytest.raises(error, match=r"^--skip-head"):
@@ -328,6 +328,16 @@ def test_skipped_heads_move_their_flags_and_replace_earlier_skips():
     C.apply_skips(res, [])  # no skips: everything back, in flags()' order
     assert (res["flags"], res["skipped_flags"], res["healthy"]) == (every, [], False)
     assert json.loads(json.dumps(res)) == res  # stays plain JSON
+
+
+def test_no_skip_hides_non_finite_logits():
+    """A skipped head with NaN or inf logits is broken, not a known quirk: still flagged."""
+    res = checked(result_of({"logit_std": math.nan, "max_abs_logit": math.inf},
+                            {"saturated_fraction": 0.6}))
+    C.apply_skips(res, ["0.0", "0.1"])
+    assert [(f["head"], f["kind"]) for f in res["flags"]] == [(0, "nonfinite")]
+    assert [(f["head"], f["kind"]) for f in res["skipped_flags"]] == [(1, "saturated")]
+    assert not res["healthy"]
 
 
 @pytest.mark.parametrize("spec", ["1.0", "0.3", "9.9"])

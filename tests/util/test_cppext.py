@@ -172,3 +172,17 @@ def test_kernel_loads_once_and_its_switch_sends_calls_to_the_fallback(monkeypatc
     assert failed.module() is None
     assert failed.status() == {"isa": None, "cached": False, "reason": "no compiler",
                                "path": "python"}
+
+
+def test_kernel_with_a_missing_source_falls_back(monkeypatch, tmp_path):
+    """A kernel whose .cpp is gone reports why and takes the fallback; it never raises."""
+    monkeypatch.setattr(cppext, "target_isa", lambda: "AVX2")
+    monkeypatch.setattr(torch.utils.cpp_extension, "load",
+                        lambda **kw: (_ for _ in ()).throw(OSError("no such file")))
+    kernel = cppext.Kernel("gone", tmp_path / "gone.cpp", "a missing kernel",
+                           logging.getLogger(__name__))
+    with pytest.warns(UserWarning, match="did not build"):
+        assert kernel.module() is None
+    status = kernel.status()
+    assert status["path"] == "python" and "no such file" in status["reason"]
+    assert status["cached"] is False

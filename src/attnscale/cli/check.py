@@ -40,14 +40,16 @@ def check_command(
     ] = DEFAULTS.saturated_above,
     skip_head: Annotated[list[str] | None, typer.Option(
         "--skip-head", metavar="L.H", help="Accept a known head, e.g. 0.2 (layer 0, head 2; "
-        "repeatable): still in the table, marked skipped, but never flagged.")] = None,
+        "repeatable): still in the table, marked skipped, flagged only for non-finite logits.")
+    ] = None,
 ) -> None:
     """Is this checkpoint's attention healthy? inspect's per-head table, then one line per flag.
 
     Frozen: logit std above s_c = √(2 ln n), where the softmax of n Gaussian logits freezes.
     Near-uniform: entropy / ln n above 0.99. Saturated: most rows put > 0.9 on one key.
     Exit status 0 when no head is flagged, 1 when one is, 2 on bad input. Heads given with
-    --skip-head stay in the table, marked skipped, and neither flag nor change the exit status.
+    --skip-head stay in the table, marked skipped, and neither flag nor change the exit status,
+    unless their logits are NaN or inf.
     Only safetensors weights are read; pickle checkpoints are refused, never loaded.
     """
     C.check_weights(path)  # a pickle-only folder fails here, before anything is read from it

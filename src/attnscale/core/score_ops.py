@@ -141,16 +141,18 @@ def _row_forward(ctx: Any, x: Tensor, eps: float, kind: str) -> Tensor:
     # on x's rows in memory order, so y comes back in x's layout.
     order = _memory_order(x)
     xp = x.permute(order)
-    y, r, dot_scale = normalize_rows(xp, eps, kind) or _normalize_rows(xp, eps, kind)
+    native = normalize_rows(xp, eps, kind)
+    y, r, dot_scale = native or _normalize_rows(xp, eps, kind)
     ctx.save_for_backward(y, r, dot_scale)
-    ctx.order, ctx.centered = order, kind == "layer"
+    ctx.order, ctx.centered, ctx.native = order, kind == "layer", native is not None
     return y.permute(_inverse(order))
 
 
 def _row_backward(ctx: Any, dy: Tensor) -> Tensor:
     y, r, dot_scale = ctx.saved_tensors
     dyp = dy.permute(ctx.order)
-    dx = rows_grad(y, dyp, r, dot_scale, ctx.centered)
+    # the kernel's backward reads the contiguous y, r its forward saved: only after it ran
+    dx = rows_grad(y, dyp, r, dot_scale, ctx.centered) if ctx.native else None
     if dx is None:
         dx = _scaled_rows_grad(y, dyp, r, dot_scale, ctx.centered)
     return dx.permute(_inverse(ctx.order))

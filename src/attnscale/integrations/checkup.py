@@ -154,6 +154,8 @@ def head_of(spec: str | tuple[int, int], name: str = "skip_heads") -> tuple[int,
         return int(match[1]), int(match[2])
     if (isinstance(spec, tuple) and len(spec) == 2
             and all(isinstance(i, int) and not isinstance(i, bool) for i in spec)):
+        if min(spec) < 0:
+            raise ValueError(f"{name} must hold non-negative (layer, head) pairs; got {spec!r}")
         return spec
     raise TypeError(f"{name} must hold 'L.H' strings or (layer, head) int pairs; got "
                     f"{type(spec).__name__} {spec!r}")
@@ -171,9 +173,9 @@ def heads_of(heads: Iterable[str | tuple[int, int]], name: str = "skip_heads"
 def apply_skips(result: dict[str, Any], heads: Iterable[str | tuple[int, int]],
                 name: str = "skip_heads") -> dict[str, Any]:
     """Accept ``heads`` (see :func:`head_of`) of a :func:`check_model` result, in place: their
-    flags move from ``flags`` to ``skipped_flags``, ``healthy`` counts the rest only, each head
-    row gets ``skipped`` (bool) and ``skip_heads`` lists them as "L.H". Replaces any earlier
-    skips. ValueError naming ``name`` for a head the model does not have."""
+    flags, except ``nonfinite``, move from ``flags`` to ``skipped_flags``, ``healthy`` counts
+    the rest only, each head row gets ``skipped`` (bool) and ``skip_heads`` lists them as "L.H".
+    Replaces any earlier skips. ValueError naming ``name`` for a head the model does not have."""
     wanted = heads_of(heads, name)
     sizes = {int(layer["layer"]): len(layer["heads"]) for layer in result["layers"]}
     for layer, head in sorted(wanted):
@@ -188,8 +190,10 @@ def apply_skips(result: dict[str, Any], heads: Iterable[str | tuple[int, int]],
             h["skipped"] = (int(layer["layer"]), int(h["head"])) in wanted
     every = sorted([*result["flags"], *result.get("skipped_flags", [])],
                    key=lambda f: (f["layer"], f["head"], FLAG_KINDS.index(f["kind"])))
-    result["flags"] = [f for f in every if (f["layer"], f["head"]) not in wanted]
-    result["skipped_flags"] = [f for f in every if (f["layer"], f["head"]) in wanted]
+    # a non-finite logit is a broken head, not a known quirk: no skip hides it
+    hidden = [f for f in every if (f["layer"], f["head"]) in wanted and f["kind"] != "nonfinite"]
+    result["flags"] = [f for f in every if f not in hidden]
+    result["skipped_flags"] = hidden
     result["skip_heads"] = [f"{layer}.{head}" for layer, head in sorted(wanted)]
     result["healthy"] = not result["flags"]
     return result

@@ -32,7 +32,9 @@ __all__ = ["LAYER_STATS", "TENSORBOARD_EXTRA", "attention_rows", "head", "layer_
 
 TENSORBOARD_EXTRA = "hf"  # the pyproject.toml optional-dependency group with tensorboard
 LAYER_STATS = ("max_abs_logit", "logit_std", "entropy", "entropy_normalized", "max_weight",
-               "saturated_fraction", "logsumexp")
+               "saturated_fraction", "logsumexp", "nonfinite_fraction")
+# stays finite (a fraction) when the logits are not: a diverged layer reads 1, not "missing"
+ALWAYS_FINITE = ("nonfinite_fraction",)
 # (history row key, TensorBoard tag) of the scalars every row may carry
 ROW_SCALARS = (("loss", "train/loss"), ("lr", "train/lr"), ("grad_norm", "train/grad_norm"),
                ("eval_loss", "eval/loss"), ("eval_metric", "eval/metric"))
@@ -77,13 +79,15 @@ def head(batch: Batch, n: int) -> Batch:
 
 
 def layer_row(module: MultiheadSelfAttention, q_rms: float, k_rms: float, means: dict) -> dict:
-    """One layer's history row: the monitor's means (None where not finite), q/k RMS, and the
+    """One layer's history row: the monitor's means (None where not finite, and all but
+    ``nonfinite_fraction`` None when q or k is not finite), q/k RMS, and the
     mean of each learned scalar or per-head score parameter (a learned τ, s)."""
     row: dict[str, float | None] = {"q_rms": q_rms, "k_rms": k_rms}
     finite = math.isfinite(q_rms) and math.isfinite(k_rms)
     for name in LAYER_STATS:
         value = means.get(name)
-        row[name] = value if finite and value is not None and math.isfinite(value) else None
+        usable = value is not None and math.isfinite(value)
+        row[name] = value if usable and (finite or name in ALWAYS_FINITE) else None
     for name, value in module.learned_params().items():
         if value.dim() <= 1:  # per-head weights over the head dimension are not logged
             row[name] = float(value.detach().float().mean())

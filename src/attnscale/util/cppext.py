@@ -157,8 +157,8 @@ class Kernel:
             isa = target_isa()
         except ValueError:
             isa = None  # build() reports the same error as the reason
-        cached = isa is not None and is_cached(f"attnscale_{self.stem}_{isa.lower()}",
-                                               self.source)
+        cached = (isa is not None and self.source.is_file()
+                  and is_cached(f"attnscale_{self.stem}_{isa.lower()}", self.source))
         module, info = build(self.stem, self.source, self.what, self.log)
         return {"module": module, "isa": info if module is not None else None,
                 "reason": None if module is not None else info, "cached": cached}
