@@ -45,11 +45,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "property: a hypothesis property test (make fuzz)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every hypothesis test ``property`` so ``-m property`` selects them all."""
+    """Mark every hypothesis test ``property`` so ``-m property`` selects them all, and give
+    each test without an ``xdist_group`` its module's: under ``pytest -n N --dist loadgroup``
+    (make test) a module's tests share one worker and its module-scoped fixtures are built
+    once, while tests that share a machine-wide resource (one Ray cluster) name one group."""
     for item in items:
         if is_hypothesis_test(getattr(item, "obj", None)):
             item.add_marker(pytest.mark.property)
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture
@@ -64,7 +70,8 @@ def one_thread():
 @pytest.fixture
 def ray_head():
     """A real local Ray cluster from `ray start --head` (2 CPUs), stopped afterwards; yields its
-    address ``127.0.0.1:port``. Skips when ray is not installed."""
+    address ``127.0.0.1:port``. Skips when ray is not installed. Its tests are in the
+    ``xdist_group("ray")``: one cluster on the machine at a time (``ray stop`` stops them all)."""
     pytest.importorskip("ray", reason="ray is not installed (pip install 'attnscale[ray]')")
     ray_bin = Path(sys.executable).with_name("ray")
     port = "6391"

@@ -255,16 +255,17 @@ def test_the_native_path_runs_the_kernel(name, path, monkeypatch):
             calls.append("backward")
             return kernel.backward(*args)
 
-    monkeypatch.setattr(native_rows.KERNEL, "active",
-                        lambda: None if native_rows.KERNEL.forced else Spy())
+    # the operators' implementations and the path choice both read KERNEL.module()
+    monkeypatch.setattr(native_rows.KERNEL, "module", Spy)
     x, dy = rows((1, 2, 3, 8), "bnhd"), rows((1, 2, 3, 8), "bhnd", seed=1)
     run(name, x, dy, EPS)
     assert calls == (["forward", "backward"] if path == "native" else [])
     calls.clear()
     run(name, x.half(), dy.half(), EPS)  # half precision: the float32 PyTorch ops
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    run(name, x, dy, EPS)  # a torch.compile trace cannot see into the kernel
     assert calls == []
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    run(name, x, dy, EPS)  # a torch.compile trace takes the kernel too (tests/core/test_compile.py)
+    assert calls == (["forward", "backward"] if path == "native" else [])
 
 
 @pytest.mark.slow

@@ -270,6 +270,7 @@ def test_results_bad_input(tmp_path, smoke_db):
         assert_one_error_line(out, "install pyarrow")
 
 
+@pytest.mark.xdist_group("ray")
 def test_ray_executor_matches_local(smoke_db, tmp_path):
     pytest.importorskip("ray", reason="ray is not installed (pip install 'attnscale[ray]')")
     db = tmp_path / "ray.db"
@@ -284,6 +285,7 @@ def test_ray_executor_matches_local(smoke_db, tmp_path):
         assert [len(r["history"]) for r in ray.runs(history=True)] == [3] * 4
 
 
+@pytest.mark.xdist_group("ray")
 def test_ray_executor_joins_a_started_cluster_by_address(smoke_db, tmp_path, ray_head):
     """`ray start --head`, then --address host:port (token auth on when ~/.ray/auth_token
     exists, Ray >= 2.59), then the same final metrics as the local executor."""

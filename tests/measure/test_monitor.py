@@ -359,14 +359,19 @@ def test_default_is_native_where_it_builds(kernel):
         Monitor(model, compile="yes")
 
 
-def test_a_failed_build_warns_once_and_the_python_path_runs(monkeypatch):
+def test_a_failed_build_warns_once_and_the_python_path_runs(monkeypatch, tmp_path):
     """Where the kernel cannot build, the default monitor warns once (the builder's warning),
     then runs SDPA itself and the Python statistics, call after call."""
     from torch.utils import cpp_extension
 
+    def no_compiler(**kwargs):
+        raise RuntimeError("Error building extension: no compiler")
+
     monkeypatch.setattr(native, "_state", {})
     monkeypatch.setenv(cppext.ENV, "generic")
-    monkeypatch.setattr(cpp_extension, "load", lambda **kw: 1 / 0)  # no compiler, say
+    monkeypatch.setenv(cppext.PREBUILT_ENV, "off")  # no installed build: the builder runs
+    monkeypatch.setenv("ATTNSCALE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
     model, inputs = tiny_bert("sdpa"), bert_inputs()
     with torch.no_grad():
         before = model(**inputs).last_hidden_state

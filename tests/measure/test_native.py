@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from attnscale.measure import native
 from attnscale.measure.rowstats import head_sums, hide
 from attnscale.measure.stats import SUM_FIELDS, attention_with_sums
-from attnscale.util import cppext
+from attnscale.util import cppext, jitcache
 
 JAC = SUM_FIELDS.index("jacobian_norm")
 OTHER = [i for i in range(len(SUM_FIELDS)) if i != JAC]
@@ -253,29 +254,34 @@ def test_first_call_logs_one_line_before_building_then_is_silent(
     caplog.set_level(logging.INFO, logger=native.__name__)
     monkeypatch.setattr(native, "_state", {})
     monkeypatch.delenv(cppext.ENV, raising=False)
+    monkeypatch.setenv(cppext.PREBUILT_ENV, "off")  # the just-in-time path
     monkeypatch.setattr(cppext.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    name = "attnscale_attention_stats_avx2"
+    monkeypatch.setenv("ATTNSCALE_KERNEL_CACHE", str(tmp_path))
+    name = cppext.jit_name(native.STEM, "AVX2", native.SOURCE)
+    stand_in = types.SimpleNamespace(attention_with_sums=lambda *a: a)
     if cached:
-        (tmp_path / name).mkdir()
-        (tmp_path / name / f"{name}.so").write_bytes(b"")
+        (jitcache.library(name).parent).mkdir(parents=True)
+        jitcache.library(name).write_bytes(b"")
+    monkeypatch.setattr(jitcache, "import_library", lambda name, path: stand_in)
     builds = []
 
-    def load(name, **kwargs):  # stands in for the ~30 s compile
+    def load(name, build_directory, **kwargs):  # stands in for the ~30 s compile
         builds.append((name, len(_native_records(caplog))))
-        return types.SimpleNamespace(attention_with_sums=lambda *a: a)
+        (Path(build_directory) / f"{name}.so").write_bytes(b"")
+        return stand_in
 
     monkeypatch.setattr(cpp_extension, "load", load)
     assert native.fused_kernel() is not None
-    assert builds == [(name, 1)]  # the line came before the build started
+    assert builds == ([] if cached else [(name, 1)])  # the line came before the build
     (record,) = _native_records(caplog)
     assert record.levelno == (logging.INFO if cached else logging.WARNING)
     assert name in record.getMessage()
     assert ("loading" if cached else "building") in record.getMessage()
     assert native.fused_kernel() is not None and native.unavailable_reason() is None
     assert native.isa() == "AVX2"
-    assert len(builds) == 1 and len(_native_records(caplog)) == 1  # later calls: silent
+    assert len(builds) == (0 if cached else 1)
+    assert len(_native_records(caplog)) == 1  # later calls: silent
     assert capsys.readouterr().out == ""
     assert not [w for w in recwarn if "attnscale" in str(w.message)]
 
@@ -290,20 +296,26 @@ def test_build_command_prints_one_line(kernel, capsys):
         native.main([])
 
 
-def test_switched_off_or_failed_build_falls_back(monkeypatch, recwarn):
+def test_switched_off_or_failed_build_falls_back(monkeypatch, recwarn, tmp_path):
     """``$ATTNSCALE_NATIVE_ISA=off``: no build is tried, and the reason says so; a failed
     build warns once and reports why."""
     from torch.utils import cpp_extension
 
     tried = []
-    monkeypatch.setattr(cpp_extension, "load", lambda **kw: tried.append(1) or 1 / 0)
+
+    def fail():
+        raise RuntimeError("Error building extension 'attention_with_sums'")
+
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: tried.append(1) or fail())
     monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv(cppext.PREBUILT_ENV, "off")  # no installed build: the builder runs
+    monkeypatch.setenv("ATTNSCALE_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setenv(cppext.ENV, "off")
     assert native.fused_kernel() is None and native.isa() is None and not tried
     assert "off" in native.unavailable_reason() and "no native" in native.ensure_built()
     monkeypatch.setattr(native, "_state", {})
     monkeypatch.setenv(cppext.ENV, "generic")
     assert native.fused_kernel() is None and tried == [1]
-    assert "ZeroDivisionError" in native.unavailable_reason()
+    assert "RuntimeError: Error building extension" in native.unavailable_reason()
     assert native.fused_kernel() is None and tried == [1]  # tried once per process
     assert len([w for w in recwarn if "did not build" in str(w.message)]) == 1

@@ -1,150 +1,168 @@
-"""attnscale.util.cppext: a cached build counts only while it is not older than its source, and
-build() logs "loading" (INFO) or "building" (WARNING) accordingly. Every build here is a fake:
-an empty ``.so`` in a temporary ``$TORCH_EXTENSIONS_DIR``, and a stub for PyTorch's ``load``."""
+"""attnscale.util.cppext: an installed build is used only while its record fits; a just-in-time
+build is named by everything that changes its binary; build() logs "loading" (INFO) or "building"
+(WARNING). Every build here is a fake (an empty library, a stub for PyTorch's ``load``); the real
+builds are in test_kernel_builds.py."""
 
 from __future__ import annotations
 
+import json
 import logging
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch.utils.cpp_extension
 
-from attnscale.util import cppext
-
-NAME = "attnscale_fake_generic"
-# The two layouts PyTorch uses: <root>/<name>/ with $TORCH_EXTENSIONS_DIR, and a per-Python
-# folder (e.g. py311_cpu) under its default root in newer versions.
-LAYOUTS = {"flat": Path(NAME), "per_python": Path("py311_cpu") / NAME}
-T0 = 1_700_000_000  # an arbitrary epoch time: every mtime below is set explicitly
-
-
-def set_mtime(path: Path, seconds: float) -> Path:
-    os.utime(path, (seconds, seconds))
-    return path
+from attnscale.util import cppext, jitcache, kernelspec
 
 
 @pytest.fixture
 def root(tmp_path, monkeypatch) -> Path:
+    """An empty just-in-time cache, and no installed builds."""
     folder = tmp_path / "extensions"
     folder.mkdir()
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(folder))
-    return folder
+    monkeypatch.delenv("ATTNSCALE_KERNEL_CACHE", raising=False)
+    monkeypatch.setattr(kernelspec, "PACKAGE", tmp_path / "package")
+    return folder / "attnscale"
 
 
 @pytest.fixture
 def source(tmp_path) -> Path:
     path = tmp_path / "kernel.cpp"
     path.write_text("// a kernel\n")
-    return set_mtime(path, T0)
+    return path
 
 
-def fake_build(root: Path, layout: str, mtime: float) -> Path:
-    folder = root / LAYOUTS[layout]
-    folder.mkdir(parents=True)
-    so = folder / f"{NAME}.so"
-    so.write_bytes(b"")
-    return set_mtime(so, mtime)
+def install_fake(package: Path, stem: str, isa: str, identity: dict) -> Path:
+    """What setup.py leaves in prebuilt/: a library and its identity record."""
+    folder = package / kernelspec.PREBUILT
+    folder.mkdir(parents=True, exist_ok=True)
+    name = kernelspec.build_name(stem, isa)
+    (folder / f"{name}.json").write_text(json.dumps(identity))
+    library = folder / f"{name}.cpython-311-x86_64-linux-gnu.so"
+    library.write_bytes(b"")
+    return library
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_a_build_newer_than_its_source_is_cached(root, source, layout):
-    fake_build(root, layout, T0 + 60)
-    assert cppext.is_cached(NAME, source)
-    assert cppext.is_cached(NAME, str(source))  # a str path too
+def test_an_installed_build_is_used_only_while_it_fits(root, source, monkeypatch):
+    """The record must match this environment field for field; an edit of the source, another
+    torch, a corrupt record or $ATTNSCALE_PREBUILT=off each send the call elsewhere, saying
+    why."""
+    identity = kernelspec.identity("generic", source)
+    library = install_fake(kernelspec.PACKAGE, "fake", "generic", identity)
+    assert cppext.installed("fake", "generic", source) == (library, "")
+    assert cppext.locate("fake", source, "generic") == ("installed", str(library))
+    assert cppext.installed("fake", "AVX2", source) == (None, "no installed AVX2 build")
+    monkeypatch.setenv(cppext.PREBUILT_ENV, "off")
+    assert "ATTNSCALE_PREBUILT=off" in cppext.installed("fake", "generic", source)[1]
+    monkeypatch.delenv(cppext.PREBUILT_ENV)
+    source.write_text("// an edited kernel\n")
+    path, why = cppext.installed("fake", "generic", source)
+    assert path is None and why.startswith("the installed build does not fit (source_sha256")
+    install_fake(kernelspec.PACKAGE, "fake", "generic", {**kernelspec.identity(
+        "generic", source), "torch": "1.0.0"})
+    path, why = cppext.installed("fake", "generic", source)
+    assert path is None and "torch: built for '1.0.0'" in why
+    (kernelspec.PACKAGE / kernelspec.PREBUILT / "fake_generic.json").write_text("{")
+    assert "unreadable" in cppext.installed("fake", "generic", source)[1]
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_touching_the_source_makes_the_build_stale(root, source, layout):
-    so = fake_build(root, layout, T0 + 60)
-    assert cppext.is_cached(NAME, source)
-    set_mtime(source, T0 + 120)  # an edit after the build
-    assert not cppext.is_cached(NAME, source)
-    assert cppext.is_cached(NAME)  # without the source, any build counts (as before)
-    set_mtime(so, T0 + 180)  # rebuilt
-    assert cppext.is_cached(NAME, source)
+def test_a_just_in_time_name_changes_with_everything_that_changes_the_binary(source, monkeypatch):
+    """The key: torch's version, the ISA, the source's bytes, the compiler, the environment."""
+    base = cppext.jit_name("fake", "generic", source)
+    assert base.startswith("attnscale_fake_generic_") and len(base.rsplit("_", 1)[1]) == 12
+    assert cppext.jit_name("fake", "generic", source) == base  # deterministic
+    assert cppext.jit_name("fake", "AVX2", source) != base
+    identity = kernelspec.identity("generic", source)
+    assert kernelspec.key(identity, "/env/a") != kernelspec.key(identity, "/env/b")
+    assert kernelspec.key({**identity, "torch": "9.9"}, "/env/a") != kernelspec.key(
+        identity, "/env/a")
+    monkeypatch.setenv("CXX", "clang++")
+    assert cppext.jit_name("fake", "generic", source) != base
+    monkeypatch.delenv("CXX")
+    source.touch()  # a touch is no edit
+    assert cppext.jit_name("fake", "generic", source) == base
+    source.write_text("// edited\n")
+    assert cppext.jit_name("fake", "generic", source) != base
 
 
-def test_touch_with_the_real_clock(root, source):
-    """The same with ``Path.touch`` (the file system's own clock) instead of set times."""
-    so = fake_build(root, "flat", T0)
-    set_mtime(source, T0 - 60)
-    assert cppext.is_cached(NAME, source)
-    source.touch()
-    assert not cppext.is_cached(NAME, source)
-    so.touch()
-    assert cppext.is_cached(NAME, source)
+def test_every_kernel_source_is_found():
+    """setup.py builds what kernelspec.sources lists: each Kernel's source is among them."""
+    from attnscale.core import native, native_rows
+    from attnscale.measure import native as monitor_native
 
+    found = kernelspec.sources()
+    for module in (native, native_rows, monitor_native):
+        assert found[module.STEM] == module.SOURCE.resolve()
 
-def test_same_mtime_counts_as_built(root, source):
-    """ninja rebuilds only when an input is newer than its output; equal times are up to date."""
-    fake_build(root, "flat", T0)
-    assert cppext.is_cached(NAME, source)
-
-
-def test_no_build_no_cache(root, source):
-    assert not cppext.is_cached(NAME, source)
-    assert not cppext.is_cached(NAME)
-    fake_build(root, "flat", T0 + 60)
-    assert not cppext.is_cached("attnscale_other_generic", source)  # another module's name
-
-
-def test_a_missing_source_is_a_value_error_naming_it(root, tmp_path):
-    fake_build(root, "flat", T0)
-    with pytest.raises(ValueError, match=r"^source: no file at .*missing\.cpp"):
-        cppext.is_cached(NAME, tmp_path / "missing.cpp")
-    with pytest.raises(ValueError, match=r"^source: "):
-        cppext.is_cached(NAME, tmp_path)  # a folder is not a source file
 
 
 @pytest.fixture
 def loads(monkeypatch) -> list[dict]:
-    """PyTorch's ``load`` replaced by a stub that records its arguments: nothing compiles."""
+    """PyTorch's ``load`` replaced by a stub that records its arguments and leaves an empty
+    library in its build folder; importing a library returns a stand-in. Nothing compiles."""
     calls: list[dict] = []
 
     def load(**kwargs):
         calls.append(kwargs)
+        kwargs["extra_ldflags"].append("-ltorch")  # as PyTorch's own load does
+        (Path(kwargs["build_directory"]) / f"{kwargs['name']}.so").write_bytes(b"")
         return SimpleNamespace(name=kwargs["name"])
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", load)
+    monkeypatch.setattr(jitcache, "import_library",
+                        lambda name, path: SimpleNamespace(name=name, path=path))
     return calls
 
 
-@pytest.mark.parametrize("built_at,level,word", [
-    (None, logging.WARNING, "building"),  # never built
-    (T0 + 60, logging.INFO, "loading"),  # built after the last edit
-    (T0 - 60, logging.WARNING, "building"),  # built, then the source changed
+@pytest.mark.parametrize("where,level,word,origin", [
+    (None, logging.WARNING, "building", "built"),  # never built
+    ("cache", logging.INFO, "loading", "cache"),  # built before, for this environment
+    ("installed", logging.INFO, "loading", "installed"),  # built at install
 ])
-def test_build_logs_what_will_happen(root, source, loads, caplog, built_at, level, word):
-    if built_at is not None:
-        fake_build(root, "flat", built_at)
+def test_build_logs_what_will_happen(root, source, loads, caplog, where, level, word, origin):
+    """One line before anything blocks, and the module's origin is recorded."""
+    name = cppext.jit_name("fake", "generic", source)
+    if where == "cache":
+        (root / name).mkdir(parents=True)
+        (root / name / f"{name}.so").write_bytes(b"")
+    if where == "installed":
+        install_fake(kernelspec.PACKAGE, "fake", "generic",
+                     kernelspec.identity("generic", source))
     log = logging.getLogger("attnscale.test_cppext")
     with caplog.at_level(logging.DEBUG, logger=log.name):
         module, isa = cppext.build("fake", source, "the fake kernel", log, isa="generic")
-    assert isa == "generic" and module.name == NAME
-    assert [call["name"] for call in loads] == [NAME]
-    assert loads[0]["sources"] == [str(source)]
+    assert isa == "generic" and cppext.ORIGINS[("fake", "generic")][0] == origin
+    assert [call["name"] for call in loads] == ([name] if where is None else [])
     records = [r for r in caplog.records if r.name == log.name]
     assert [(r.levelno, r.getMessage().split()[1]) for r in records] == [(level, word)]
-    assert NAME in records[0].getMessage()
+    if where is None:
+        assert loads[0]["sources"] == [str(source)] and module.name == name
+        assert (root / name / f"{name}.so").is_file()  # renamed into place
+        assert json.loads((root / name / "build.json").read_text())["isa"] == "generic"
+        assert not list(root.glob(".*.tmp"))  # no private folder left
+        assert cppext.locate("fake", source, "generic")[0] == "cache"
+        assert cppext.jit_name("fake", "generic", source) == name  # the flags were not changed
 
 
-def test_build_of_a_missing_source_warns_and_falls_back(root, tmp_path, caplog, monkeypatch):
-    """The log line says "building" (no ValueError from is_cached) and the failure of the
-    builder becomes the reason, as for any other failed build."""
+def test_a_failed_build_leaves_nothing_and_falls_back(root, source, caplog, monkeypatch):
+    """The builder's error becomes the reason; the private folder is gone; a missing source is
+    reported without calling the builder."""
     def load(**kwargs):
-        raise RuntimeError(f"no file {kwargs['sources'][0]}")
+        (Path(kwargs["build_directory"]) / "half.o").write_bytes(b"")
+        raise RuntimeError("Error building extension")
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", load)
-    fake_build(root, "flat", T0)
     log = logging.getLogger("attnscale.test_cppext")
-    with caplog.at_level(logging.INFO, logger=log.name), pytest.warns(UserWarning, match="fake"):
-        module, reason = cppext.build("fake", tmp_path / "gone.cpp", "the fake kernel", log,
-                                      isa="generic")
-    assert module is None and "RuntimeError" in reason
-    assert [r.levelno for r in caplog.records if r.name == log.name] == [logging.WARNING]
+    with pytest.warns(UserWarning, match="the fake kernel did not build"):
+        module, reason = cppext.build("fake", source, "the fake kernel", log, isa="generic")
+    assert module is None and "RuntimeError: Error building extension" in reason
+    assert list(root.iterdir()) == [root / f"{cppext.jit_name('fake', 'generic', source)}.lock"]
+    with pytest.warns(UserWarning, match="did not build"):
+        module, reason = cppext.build("fake", source.with_name("gone.cpp"), "the fake kernel",
+                                      log, isa="generic")
+    assert module is None and "gone.cpp is missing" in reason
 
 
 def test_kernel_loads_once_and_its_switch_sends_calls_to_the_fallback(monkeypatch, source):
@@ -161,7 +179,7 @@ def test_kernel_loads_once_and_its_switch_sends_calls_to_the_fallback(monkeypatc
     kernel = cppext.Kernel("fake", source, "a fake kernel", logging.getLogger(__name__),
                            fallback="chunked")
     assert kernel.module() is kernel.module() and calls == ["fake"]
-    assert kernel.status() == {"isa": "AVX2", "cached": False, "reason": None, "path": "native"}
+    assert kernel.status() == {"isa": "AVX2", "origin": None, "reason": None, "path": "native"}
     with kernel.forced_fallback():
         with kernel.forced_fallback():
             assert kernel.active() is None and kernel.status()["path"] == "chunked"
@@ -170,19 +188,17 @@ def test_kernel_loads_once_and_its_switch_sends_calls_to_the_fallback(monkeypatc
     monkeypatch.setattr(cppext, "build", lambda *a, **k: (None, "no compiler"))
     failed = cppext.Kernel("fake", source, "a fake kernel", logging.getLogger(__name__))
     assert failed.module() is None
-    assert failed.status() == {"isa": None, "cached": False, "reason": "no compiler",
+    assert failed.status() == {"isa": None, "origin": None, "reason": "no compiler",
                                "path": "python"}
 
 
 def test_kernel_with_a_missing_source_falls_back(monkeypatch, tmp_path):
     """A kernel whose .cpp is gone reports why and takes the fallback; it never raises."""
     monkeypatch.setattr(cppext, "target_isa", lambda: "AVX2")
-    monkeypatch.setattr(torch.utils.cpp_extension, "load",
-                        lambda **kw: (_ for _ in ()).throw(OSError("no such file")))
     kernel = cppext.Kernel("gone", tmp_path / "gone.cpp", "a missing kernel",
                            logging.getLogger(__name__))
     with pytest.warns(UserWarning, match="did not build"):
         assert kernel.module() is None
     status = kernel.status()
-    assert status["path"] == "python" and "no such file" in status["reason"]
-    assert status["cached"] is False
+    assert status["path"] == "python" and "is missing" in status["reason"]
+    assert status["origin"] is None

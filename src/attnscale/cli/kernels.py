@@ -13,42 +13,48 @@ from attnscale.core import native_rows
 from attnscale.measure import native as monitor_native
 from attnscale.util import cppext
 
-COLUMNS = ("kernel", "state", "ISA", "note")
-
-
+COLUMNS = ("kernel", "path", "build", "ISA", "note")
 NAMES = {core_native.STEM: "soft-capping attention (core)",
          native_rows.STEM: "q/k row normalization (core)",
          monitor_native.STEM: "monitor statistics (measure)"}
 SOURCES = {core_native.STEM: core_native.SOURCE, native_rows.STEM: native_rows.SOURCE,
            monitor_native.STEM: monitor_native.SOURCE}
+BUILDS = {"installed": "installed (built at install)", "cache": "just-in-time (cached)",
+          "built": "just-in-time (built now)"}
 
 
-def cached_rows(target: str) -> list[tuple[str, str, str, str]]:
-    """One row per native kernel without building anything: whether its build for ``target``
-    lies in PyTorch's extension cache (a call will then load it in about a second)."""
+def cached_rows(target: str) -> list[tuple[str, ...]]:
+    """One row per native kernel without building or loading anything: whether an installed
+    build fits this environment, or the just-in-time cache holds one for it."""
     rows = []
     for stem, what in NAMES.items():
-        built = target != "off" and cppext.is_cached(f"attnscale_{stem}_{target.lower()}",
-                                                     SOURCES[stem])
-        rows.append((what, "built (cached)" if built else "not built yet", target,
-                     "-" if built else "builds on first use, or now with --build"))
+        if target == "off":
+            rows.append((what, "python", "-", "off", f"${cppext.ENV}=off"))
+            continue
+        origin, where = cppext.locate(stem, SOURCES[stem], target)
+        if origin is None:
+            rows.append((what, "-", "not built", target, f"{where}: builds on first use, "
+                         "or now with --build"))
+        else:
+            rows.append((what, "native", BUILDS[origin], target, where))
     return rows
 
 
-def kernel_rows() -> list[tuple[str, str, str, str]]:
-    """One row per native kernel: what it serves, the path calls take, the ISA built for, and
-    why it is not native where it is not. Builds (or loads) each kernel."""
-    soft = core_native.kernel_status()
-    rows = native_rows.kernel_status()
+def kernel_rows() -> list[tuple[str, ...]]:
+    """One row per native kernel: what it serves, the path calls take, where its build came
+    from, the ISA built for, and why it is not native where it is not. Builds (or loads)
+    each kernel."""
+    rows = []
+    for what, status in ((NAMES[core_native.STEM], core_native.kernel_status()),
+                         (NAMES[native_rows.STEM], native_rows.kernel_status())):
+        rows.append((what, status["path"], BUILDS.get(status["origin"], "-"),
+                     status["isa"] or "-", status["reason"] or "-"))
     mon_isa = monitor_native.isa()
-    return [
-        ("soft-capping attention (core)", soft["path"], soft["isa"] or "-",
-         soft["reason"] or "-"),
-        ("q/k row normalization (core)", rows["path"], rows["isa"] or "-",
-         rows["reason"] or "-"),
-        ("monitor statistics (measure)", "native" if mon_isa else "python", mon_isa or "-",
-         monitor_native.unavailable_reason() or "-"),
-    ]
+    origin = cppext.ORIGINS.get((monitor_native.STEM, mon_isa or ""), (None, ""))[0]
+    rows.append((NAMES[monitor_native.STEM], "native" if mon_isa else "python",
+                 BUILDS.get(origin, "-"), mon_isa or "-",
+                 monitor_native.unavailable_reason() or "-"))
+    return rows
 
 
 @app.command()
@@ -57,10 +63,12 @@ def kernels(
         "--build", help="Build (or load) every kernel now and say which build is in use.")]
     = False,
 ) -> None:
-    """Which native kernels this machine has built; --build builds (or loads) them now and
-    shows the path each takes: native, or the fallback and why.
+    """Which native kernels this machine has: the installed build, a just-in-time one, or none;
+    --build loads (or builds) them now and shows the path each takes: native, or the fallback
+    and why.
 
-    ``$ATTNSCALE_NATIVE_ISA`` forces AVX512, AVX2, generic (portable C++) or off."""
+    ``$ATTNSCALE_NATIVE_ISA`` forces AVX512, AVX2, generic (portable C++) or off;
+    ``$ATTNSCALE_PREBUILT=off`` ignores the installed builds."""
     target = cppext.target_isa() or "off"  # a bad $ATTNSCALE_NATIVE_ISA: ValueError naming it
     rows = kernel_rows() if build else cached_rows(target)
     print_table(f"native kernels (target ISA: {target})", COLUMNS, rows, left=COLUMNS)

@@ -60,7 +60,7 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     """The broadcast of integer shapes (NumPy's rule), or ValueError. Plain Python:
     ``torch.broadcast_shapes`` goes through symbolic-shape guards and cost ~35 µs a call, a
     large share of a small attention call's time."""
-    n = max((len(s) for s in shapes), default=0)
+    n = max([0, *(len(s) for s in shapes)])  # not max(..., default=0): Dynamo cannot trace it
     out = [1] * n
     for s in shapes:
         for i, d in enumerate(s, n - len(s)):

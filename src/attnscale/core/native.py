@@ -6,17 +6,29 @@ CPU flash-attention kernel (Dao et al. 2022, arXiv 2205.14135): tiles of queries
 and the online softmax inside the tile, the backward pass recomputing each tile from q, k and
 the saved logsumexp. Memory is O(N·D) plus per-thread tiles; no (N, N) or (chunk, N) buffer.
 
+The kernel is registered as two PyTorch operators, ``attnscale::softcap_attention`` (out and
+the row logsumexp) and ``attnscale::softcap_attention_backward`` (dq, dk, dv), each with a fake
+implementation for shapes, so eager code and torch.compile (Dynamo, AOTAutograd, Inductor) run
+the same kernel and a compiled graph holds it without a graph break. The operators themselves
+are not differentiable (their Autograd key falls through); :class:`SoftcapAttention`, an
+``autograd.Function`` that Dynamo traces, calls the forward and hands its gradient to the
+backward operator. (A ``torch.library.register_autograd`` formula instead adds 2.5–3× as much
+Python per forward + backward over a direct kernel call, about 100 µs against 40 at a small
+size: ``benchmarks/op_overhead.py``.)
+
 A score names its kernel in the registry (``Score(native="softcap")``);
 :func:`attnscale.core.chunked.modded_attention` calls :func:`native_attention`, which returns
 None -- and the chunked kernel runs, unchanged -- when the kernel did not build or the inputs
-are outside what it covers: not CPU, not float32/float64, an empty dimension, a cap that is
-neither a number nor one value per head, or a torch.compile trace. (Dropout, a learned cap and
-a mask that needs a gradient never get here: they take the materialized path first.)
+are outside what it covers: not CPU, not float32/float64, an empty dimension, or a cap that is
+neither a number nor one value per head. (Dropout, a learned cap and a mask that needs a
+gradient never get here: they take the materialized path first.)
 
-The build (:mod:`attnscale.util.cppext`, about 40 s once per machine, then cached) happens on the
-first call and logs one line on this module's logger. ``$ATTNSCALE_NATIVE_ISA=off`` turns native
-kernels off for the process; :func:`forced_fallback` does it for a ``with`` block (tests), and
-:func:`last_path` says which path the last soft-capped call took.
+Loading the build (:mod:`attnscale.util.cppext`: the installed one, else compiled once per
+environment in about 40 s) happens on the first call and logs one line on this module's
+logger; under torch.compile it happens while Dynamo traces, outside the graph
+(:func:`kernel_built`). ``$ATTNSCALE_NATIVE_ISA=off`` turns native kernels off for the process;
+:func:`forced_fallback` does it for a ``with`` block (tests), and :func:`last_path` says which
+path the last soft-capped call took.
 """
 
 from __future__ import annotations
@@ -40,6 +52,21 @@ DTYPES = (torch.float32, torch.float64)
 log = logging.getLogger(__name__)
 KERNEL = cppext.Kernel(STEM, SOURCE, "the soft-capping attention kernel", log, fallback="chunked")
 _paths: dict[str, str | None] = {"last": None}
+FORWARD_OP = "attnscale::softcap_attention"
+BACKWARD_OP = "attnscale::softcap_attention_backward"
+
+LIBRARY = torch.library.Library("attnscale", "FRAGMENT")  # the operators' registrations
+LIBRARY.define(
+    "softcap_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float scale,"
+    " float[] caps) -> (Tensor, Tensor)")
+LIBRARY.define(
+    "softcap_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out,"
+    " Tensor lse, Tensor? mask, bool is_causal, float scale, float[] caps)"
+    " -> (Tensor, Tensor, Tensor)")
+# Not differentiable themselves: their outputs carry no autograd history (a fallthrough at the
+# Autograd key); SoftcapAttention calls both.
+LIBRARY.impl("softcap_attention", torch.library.fallthrough_kernel, "Autograd")
+LIBRARY.impl("softcap_attention_backward", torch.library.fallthrough_kernel, "Autograd")
 
 
 def softcap_kernel() -> ModuleType | None:
@@ -48,9 +75,28 @@ def softcap_kernel() -> ModuleType | None:
     return KERNEL.module()
 
 
+@torch.compiler.assume_constant_result
+def kernel_built() -> bool:
+    """Whether the kernel is built, building or loading it now if it has not been. Constant to
+    torch.compile: Dynamo calls it while tracing instead of tracing the build (which it cannot),
+    so the first compiled call builds the kernel outside the graph."""
+    return KERNEL.module() is not None
+
+
+def loaded_kernel() -> ModuleType:
+    """The kernel module for the operators' implementations; RuntimeError naming the reason
+    where there is none (a caller asked for the operator without checking
+    :func:`kernel_built`)."""
+    kernel = KERNEL.module()
+    if kernel is None:
+        raise RuntimeError(f"{FORWARD_OP}: {KERNEL.what} is not available "
+                           f"({KERNEL.status()['reason']})")
+    return kernel
+
+
 def kernel_status() -> dict[str, Any]:
-    """{"isa": the capability built for or None, "cached": whether an up-to-date build was
-    found in PyTorch's extension cache, "reason": why there is no kernel or None, "path":
+    """{"isa": the capability built for or None, "origin": where the build came from
+    ("installed", "cache", "built" or None), "reason": why there is no kernel or None, "path":
     "native" or "chunked" (what a qualifying soft-capped call takes now)}. Builds the kernel
     if needed."""
     return KERNEL.status()
@@ -85,10 +131,10 @@ def head_caps(cap: Any, heads: int) -> list[float] | None:
 
 def qualifies(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
     """Whether the kernel covers these (B, H, N, D) inputs (device, dtype, mask form; no empty
-    dimension; not while torch.compile traces, which cannot see into the kernel)."""
+    dimension)."""
     if q.device.type != "cpu" or q.dtype not in DTYPES or not (q.dtype == k.dtype == v.dtype):
         return False
-    if 0 in (*q.shape, *k.shape, *v.shape) or torch.compiler.is_compiling():
+    if 0 in (*q.shape, *k.shape, *v.shape):
         return False
     if mask is None:
         return True
@@ -102,15 +148,14 @@ def softcap_attention(params: dict[str, Any], q: Tensor, k: Tensor, v: Tensor,
     """softmax(cap·tanh(s·q·kᵀ/cap) + mask)·V on the native kernel, s = ``scale`` or 1/√d, or
     None when the kernel is off or does not cover the inputs. q (B, H, N, D), k (B, Hkv, S, D),
     v (B, Hkv, S, Dv) with Hkv dividing H; mask None, bool (True = keep) or additive, 4-D and
-    broadcasting to (B, H, N, S). Differentiable in q, k and v."""
+    broadcasting to (B, H, N, S). Differentiable in q, k and v (:class:`SoftcapAttention`)."""
     if KERNEL.forced or not qualifies(q, k, v, mask):
         return None
     caps = head_caps(params["cap"], q.shape[1])
-    kernel = KERNEL.active() if caps is not None else None
-    if kernel is None:
+    if caps is None or not kernel_built():
         return None
     s = default_scale(scale, q.shape[-1])
-    return SoftcapAttention.apply(q, k, v, mask, is_causal, s, caps, kernel)
+    return SoftcapAttention.apply(q, k, v, mask, is_causal, s, caps)
 
 
 KERNELS = {"softcap": softcap_attention}  # the names a Score's ``native`` field may take
@@ -124,21 +169,64 @@ def native_attention(name: str, params: dict[str, Any], q: Tensor, k: Tensor, v:
     return KERNELS[name](params, q, k, v, mask, is_causal, scale)
 
 
+# -- the operators ---------------------------------------------------------------------------
+
+
+@torch.library.impl(FORWARD_OP, "cpu", lib=LIBRARY)
+def softcap_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+                    scale: float, caps: list[float]) -> tuple[Tensor, Tensor]:
+    """(out (B, H, N, Dv), lse (B, H, N)) of the kernel's forward pass: out as
+    :func:`softcap_attention` describes, lse the log Σ exp of each row's logits (+inf on a row
+    that sees no key), which its backward pass reads. ``caps``: one cap per query head."""
+    out, lse = loaded_kernel().forward(q, k, v, mask, is_causal, scale, caps)
+    return out, lse
+
+
+@torch.library.register_fake(FORWARD_OP, lib=LIBRARY)
+def softcap_forward_fake(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+                         scale: float, caps: list[float]) -> tuple[Tensor, Tensor]:
+    """The forward's outputs as the kernel allocates them: contiguous, in q's dtype."""
+    b, h, n = q.shape[0], q.shape[1], q.shape[2]
+    return q.new_empty((b, h, n, v.shape[3])), q.new_empty((b, h, n))
+
+
+@torch.library.impl(BACKWARD_OP, "cpu", lib=LIBRARY)
+def softcap_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                     mask: Tensor | None, is_causal: bool, scale: float,
+                     caps: list[float]) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of the forward's out given grad_out and the forward's (out, lse): the
+    tiles recomputed from q, k and lse (dk, dv summed over the query heads of a GQA group)."""
+    dq, dk, dv = loaded_kernel().backward(grad_out, q, k, v, out, lse, mask, is_causal, scale,
+                                          caps)
+    return dq, dk, dv
+
+
+@torch.library.register_fake(BACKWARD_OP, lib=LIBRARY)
+def softcap_backward_fake(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                          lse: Tensor, mask: Tensor | None, is_causal: bool, scale: float,
+                          caps: list[float]) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients as the kernel allocates them: contiguous, shaped as q, k and v."""
+    return q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape)
+
+
 class SoftcapAttention(torch.autograd.Function):
     """The kernel's forward (saving out and the row logsumexp) and backward (recomputing the
-    tiles from q, k and lse). Once differentiable: no double backward."""
+    tiles from q, k and lse), through its operators (:data:`FORWARD_OP`,
+    :data:`BACKWARD_OP`), which torch.compile traces. Once differentiable: no double
+    backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, is_causal, scale, caps, kernel):  # type: ignore[override]
-        out, lse = kernel.forward(q, k, v, mask, is_causal, scale, caps)
+    def forward(ctx, q, k, v, mask, is_causal, scale, caps):  # type: ignore[override]
+        out, lse = torch.ops.attnscale.softcap_attention.default(q, k, v, mask, is_causal, scale,
+                                                                 caps)
         ctx.save_for_backward(q, k, v, out, lse, mask)
-        ctx.args = (is_causal, scale, caps, kernel)
+        ctx.args = (is_causal, scale, caps)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
         q, k, v, out, lse, mask = ctx.saved_tensors
-        is_causal, scale, caps, kernel = ctx.args
-        dq, dk, dv = kernel.backward(grad_out, q, k, v, out, lse, mask, is_causal, scale, caps)
-        return dq, dk, dv, None, None, None, None, None
+        dq, dk, dv = torch.ops.attnscale.softcap_attention_backward.default(
+            grad_out, q, k, v, out, lse, mask, *ctx.args)
+        return dq, dk, dv, None, None, None, None

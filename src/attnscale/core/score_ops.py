@@ -166,7 +166,8 @@ class RowScale(torch.autograd.Function):
     and r·(dy − y·⟨y, dy⟩) for the unit norm (dx = r·dy where the eps clamp is active).
 
     Computed by the native kernel of :mod:`attnscale.core.native_rows` (one pass over memory
-    each way) where it covers x, else by PyTorch ops (a reduction and an elementwise pass
+    each way; its PyTorch operators, which torch.compile traces) where it covers x, else by
+    PyTorch ops (a reduction and an elementwise pass
     forward, four passes backward; autograd through the composite ops takes about twice as
     many). Half precision is computed in float32 and rounded once. y and dx keep x's memory
     layout. First derivatives only.

@@ -42,14 +42,21 @@ Which code computes the statistics (``compile``, and :attr:`Monitor.backend`):
 
 * ``None`` (default): the native kernel where it applies (float32 on the CPU, a bool mask, a
   float mask that only hides keys, or none), else the Python code
-  (:class:`attnscale.measure.stats.StatsAccumulator`). The kernel is built once per machine
-  (about 30 s, then cached; ``python -m attnscale.measure.native --build`` does it ahead of
-  use) on the first monitored call; where it cannot build, one warning says so and the Python
+  (:class:`attnscale.measure.stats.StatsAccumulator`). The kernel is the installed build (made at
+  install), else compiled once per environment (about 30 s, then cached) on the first monitored
+  call; where it cannot build, one warning says so and the Python
   code runs. ``$ATTNSCALE_NATIVE_ISA=off`` switches it off.
 * ``True``: a fused pass for every call it can reproduce: the native kernel, else the
   ``torch.compile``-d :func:`attnscale.measure.rowstats.attention_with_sums` (compiled on first
   use, a few seconds with a warm cache).
 * ``False``: SDPA itself and the Python statistics, always.
+
+Under torch.compile the SDPA calls of transformers' sdpa code keep SDPA itself in the graph --
+the output is the compiled model's own, bitwise -- and hand q, k, v and the mask to one opaque
+operator (:func:`attnscale.measure.monitor_calls.record_compiled`), which computes the
+statistics at run time as an eager call would (a statistics-only pass of the native kernel):
+a monitored model compiles into one graph, and its next call reuses it. The other sources
+record through :meth:`Monitor.record`, which is a graph break.
 
 On all-MiniLM-L6-v2 (8 × 128 and 8 × 512 tokens, every call sampled, 2 CPU cores) a monitored
 forward pass takes 0.90–0.99× the time of a plain one by default -- the kernel's pass is
@@ -62,8 +69,6 @@ another score on the same q and k: ``dot`` (no 1/√d factor) and ``cosine`` at 
 
 from __future__ import annotations
 
-import itertools
-import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -94,8 +99,6 @@ NATIVE_COUNTERFACTUALS: dict[str, tuple[str, float]] = {
 ACTUAL = "actual"
 NONFINITE = SUM_FIELDS.index("nonfinite")
 BACKENDS = ("native", "compiled", "python")
-_HF_NAME = "attnscale_monitor"
-_ids = itertools.count()
 
 
 class Monitor:
@@ -112,7 +115,9 @@ class Monitor:
             ``torch.compile``); False forces SDPA plus the Python statistics.
 
     After a run, :attr:`paths` counts the statistics each path computed (one per recorded call
-    and variant): "native" (the kernel), "compiled" (``torch.compile``) or "python".
+    and variant): "native" (the kernel), "compiled" (``torch.compile``) or "python";
+    :attr:`compiled_calls` (a 0-d int64 tensor) the SDPA calls that torch.compile-d code
+    handed over (module docstring).
     """
 
     def __init__(self, model: nn.Module, counterfactuals: bool = False, every: int = 1,
@@ -133,6 +138,10 @@ class Monitor:
         self._calls: dict[str, int] = {}
         self._undo: list[Callable[[], None]] = []
         self._fused_failed = False
+        # Under torch.compile: this monitor's key in calls.MONITORS, and the count of SDPA calls
+        # its compiled graphs handed over (a tensor the recording operator updates in place).
+        self.key = calls.register_monitor(self)
+        self.compiled_calls = torch.zeros((), dtype=torch.int64)
 
     # -- public -------------------------------------------------------------------------------
 
@@ -167,15 +176,16 @@ class Monitor:
         self._acc.clear()
         self._calls.clear()
         self.paths.clear()
+        self.compiled_calls.zero_()
 
     def __enter__(self) -> Monitor:
         for module in self.model.modules():
             if isinstance(module, MultiheadSelfAttention):
-                self._watch_attnscale(module)
+                self._undo.append(calls.watch_attnscale(self, module))
             elif isinstance(module, nn.MultiheadAttention):
-                self._watch_torch_mha(module)
+                self._undo.append(calls.watch_torch_mha(self, module))
         if calls.is_hf_model(self.model):
-            self._watch_hf(self.model)
+            self._undo.append(calls.watch_hf(self, self.model))
         if not self._undo:
             raise ValueError(
                 "model has no attention this monitor can watch: expected attnscale "
@@ -189,10 +199,13 @@ class Monitor:
 
     # -- recording ----------------------------------------------------------------------------
 
+    # Under torch.compile a graph break: traced, the monitor's Python state (call counters, the
+    # accumulators created on first use) would become guards that fail on every next call.
+    @torch.compiler.disable
     def record(self, module: nn.Module, q: Tensor, k: Tensor, call: dict[str, Any]) -> None:
         """Add one attention call: q (B, H, N, d), k (B, Hkv, N, d), ``call`` the keyword
         arguments of :func:`attnscale.attention` that the model used."""
-        name = self._sampled(module)
+        name = self._sampled(id(module))
         if name is not None:
             self._add(name, q, k, call, measured={})
 
@@ -205,41 +218,82 @@ class Monitor:
         "compiled" with ``compile=True``) one pass gives both the output and the statistics
         (:func:`_attend_and_measure`); calls that pass cannot reproduce (dropout, autograd,
         half precision, float masks, another device than the CPU, arguments SDPA would reject)
-        and ``compile=False`` run SDPA itself, and the statistics are computed beside it."""
+        and ``compile=False`` run SDPA itself, and the statistics are computed beside it.
+        While torch.compile traces, SDPA itself stays in the graph -- the output is the
+        compiled model's own, bitwise -- and one opaque operator computes the statistics as
+        :meth:`measure_sdpa` (:func:`attnscale.measure.monitor_calls.record_compiled`)."""
         args = (query, key, value, attn_mask, dropout_p, is_causal)
         kwargs = {"scale": scale, "enable_gqa": enable_gqa, **extra}
-        name = self._sampled(module)
+        if torch.compiler.is_compiling():
+            out = F.scaled_dot_product_attention(*args, **kwargs)
+            calls.record_compiled(self, module, query, key, value, attn_mask, is_causal, scale,
+                                  enable_gqa)
+            return out
+        name = self._sampled(id(module))
         if name is None:
             return F.scaled_dot_product_attention(*args, **kwargs)
-        call = {"attn_mask": calls.stats_mask(attn_mask), "is_causal": is_causal, "scale": scale,
-                "enable_gqa": enable_gqa, "score": "scaled_dot"}
+        call = calls.sdpa_call(attn_mask, is_causal, scale, enable_gqa)
         path = self._fused_path(query)
         if path and not extra and not self._fused_failed and calls.fusable(
                 query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
-            s = query.shape[-1] ** -0.5 if scale is None else scale
-            cf = self.counterfactuals and path == "native" and s > 0
-            rows = self._rows(query)  # a query_mask that does not fit raises here
-            try:
-                out, measured = _attend_and_measure(query, key, value, attn_mask, bool(is_causal),
-                                                    s, rows, cf)
-            except Exception as err:  # e.g. torch.compile without a C++ compiler
-                warnings.warn(f"attnscale monitor: the fused pass failed ({err!r}); SDPA runs "
-                              "and the statistics are computed beside it", stacklevel=2)
-                self._fused_failed = True
-            else:
-                self.paths[path] += len(measured)
-                self._add(name, query, key, call, measured)
+            out = self._fused(name, path, query, key, value, call, with_output=True)
+            if out is not None:
                 return out
         out = F.scaled_dot_product_attention(*args, **kwargs)  # raises SDPA's own errors
-        # The statistics see SDPA's broadcast: leading dimensions flattened to (B, H, N, D).
-        try:
-            x = check_inputs(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
-        except (ValueError, TypeError) as err:  # SDPA ran a call outside its own contract
-            warnings.warn(f"attnscale monitor: no statistics for {name} ({err})", stacklevel=2)
-            return out
-        call |= {"attn_mask": calls.stats_mask(x.mask), "enable_gqa": x.k.shape[1] != x.q.shape[1]}
-        self._add(name, x.q, x.k, call, measured={})
+        self._beside(name, query, key, value, attn_mask, dropout_p, call)
         return out
+
+    def measure_sdpa(self, module: int, query: Tensor, key: Tensor, value: Tensor,
+                     attn_mask: Tensor | None, is_causal: bool, scale: float | None,
+                     enable_gqa: bool) -> None:
+        """Add the statistics of one SDPA call of the module with ``id`` ``module`` whose output
+        was computed elsewhere (by compiled code): a statistics-only pass of the native kernel
+        where :meth:`sdpa` would take it, else the statistics beside it."""
+        name = self._sampled(module)
+        if name is None:
+            return
+        call = calls.sdpa_call(attn_mask, is_causal, scale, enable_gqa)
+        if self._fused_path(query) == "native" and not self._fused_failed and calls.fusable(
+                query, key, value, attn_mask, 0.0, is_causal, enable_gqa) and self._fused(
+                name, "native", query, key, value, call, with_output=False) is not None:
+            return
+        self._beside(name, query, key, value, attn_mask, 0.0, call)
+
+    def _fused(self, name: str, path: str, query: Tensor, key: Tensor, value: Tensor,
+               call: dict[str, Any], with_output: bool) -> Tensor | None:
+        """The output (empty without ``with_output``) of an SDPA call that
+        :func:`attnscale.measure.monitor_calls.fusable` accepted, its statistics added, from
+        one fused pass on ``path``; None, after one warning, where that pass failed. ``call``:
+        :func:`attnscale.measure.monitor_calls.sdpa_call`."""
+        scale = call["scale"]
+        s = query.shape[-1] ** -0.5 if scale is None else scale
+        cf = self.counterfactuals and path == "native" and s > 0
+        rows = self._rows(query)  # a query_mask that does not fit raises here
+        try:
+            out, measured = _attend_and_measure(query, key, value, call["attn_mask"],
+                                                bool(call["is_causal"]), s, rows, cf, with_output)
+        except Exception as err:  # e.g. torch.compile without a C++ compiler
+            warnings.warn(f"attnscale monitor: the fused pass failed ({err!r}); SDPA runs "
+                          "and the statistics are computed beside it", stacklevel=3)
+            self._fused_failed = True
+            return None
+        self.paths[path] += len(measured)
+        self._add(name, query, key, call, measured)
+        return out
+
+    def _beside(self, name: str, query: Tensor, key: Tensor, value: Tensor,
+                attn_mask: Tensor | None, dropout_p: float, call: dict[str, Any]) -> None:
+        """Add the statistics of an SDPA call that SDPA itself answered, from its arguments as
+        SDPA broadcasts them (leading dimensions flattened to (B, H, N, D))."""
+        try:
+            x = check_inputs(query, key, value, attn_mask, dropout_p, call["is_causal"],
+                             call["enable_gqa"])
+        except (ValueError, TypeError) as err:  # SDPA ran a call outside its own contract
+            warnings.warn(f"attnscale monitor: no statistics for {name} ({err})", stacklevel=3)
+            return
+        call = {**call, "attn_mask": calls.stats_mask(x.mask),
+                "enable_gqa": x.k.shape[1] != x.q.shape[1]}
+        self._add(name, x.q, x.k, call, measured={})
 
     def _fused_path(self, query: Tensor) -> str | None:
         """Which fused pass may answer an SDPA call with this query: "native", "compiled"
@@ -265,9 +319,10 @@ class Monitor:
             raise ValueError(f"Monitor.{err}; set it for each batch, and to None for calls with "
                              "other query rows (generation steps, cross-attention)") from None
 
-    def _sampled(self, module: nn.Module) -> str | None:
-        """The layer name if this call of ``module`` is one to record (every ``every``-th)."""
-        name = self.names.get(id(module), f"attention{len(self._acc)}")
+    def _sampled(self, module: int) -> str | None:
+        """The layer name if this call of the module with ``id`` ``module`` is one to record
+        (every ``every``-th)."""
+        name = self.names.get(module, f"attention{len(self._acc)}")
         count = self._calls.get(name, 0)
         self._calls[name] = count + 1
         return None if count % self.every else name
@@ -341,66 +396,6 @@ class Monitor:
         self.paths["native"] += len(labels)
         return {label: (sums[i], mx[i]) for i, label in enumerate(labels)}
 
-    # -- sources --------------------------------------------------------------------------------
-
-
-    def _watch_attnscale(self, module: MultiheadSelfAttention) -> None:
-        previous = module.capture
-
-        def capture(mod, q, k, call):
-            self.record(mod, q, k, call)
-            if previous is not None:  # another observer (e.g. the trainer) keeps working
-                previous(mod, q, k, call)
-
-        module.capture = capture
-
-        def undo() -> None:
-            module.capture = previous
-
-        self._undo.append(undo)
-
-    def _watch_torch_mha(self, module: nn.MultiheadAttention) -> None:
-        def pre_hook(mod, args, kwargs):
-            q, k, call = calls.torch_mha_inputs(mod, args, kwargs)
-            self.record(mod, q, k, call)
-
-        handle = module.register_forward_pre_hook(pre_hook, with_kwargs=True)
-        self._undo.append(handle.remove)
-
-    def _watch_hf(self, model: nn.Module) -> None:
-        from transformers import AttentionInterface, AttentionMaskInterface
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        original = model.config._attn_implementation
-        if original not in ("eager", "sdpa"):
-            raise ValueError(
-                f"attn_implementation must be 'eager' or 'sdpa' to be monitored, got {original!r}"
-            )
-        name = f"{_HF_NAME}_{next(_ids)}"
-
-        def monitored(module, query, key, value, attention_mask, **kwargs):
-            def record() -> None:
-                self.record(module, *calls.hf_inputs(query, key, attention_mask, kwargs, module))
-
-            if original == "sdpa":  # transformers' own sdpa code, with SDPA itself watched
-                with calls.WatchSDPA(self, module, tuple(query.shape[1:3]), record):
-                    return ALL_ATTENTION_FUNCTIONS["sdpa"](
-                        module, query, key, value, attention_mask, **kwargs)
-            record()
-            # the model's own eager code, from its modeling file: bitwise the same output
-            fn = sys.modules[type(module).__module__].eager_attention_forward
-            return fn(module, query, key, value, attention_mask, **kwargs)
-
-        AttentionInterface.register(name, monitored)
-        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
-        model.set_attn_implementation(name)
-
-        def undo() -> None:
-            model.set_attn_implementation(original)
-
-        self._undo.append(undo)
-
 
 def _nonfinite(measured: tuple[Tensor, Tensor] | None) -> bool:
     """Whether sums (H, len(SUM_FIELDS)) and max |logit| count a non-finite logit."""
@@ -417,17 +412,19 @@ def _kernel_variants(labels: list[str]) -> tuple[list[float], list[float], list[
 
 
 def _attend_and_measure(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, is_causal: bool,
-                        scale: float, rows: Tensor, counterfactuals: bool = False
+                        scale: float, rows: Tensor, counterfactuals: bool = False,
+                        with_output: bool = True
                         ) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]:
     """SDPA's output and {variant: (sums, max)} of its logits in one pass: attnscale's native
     kernel for float32 on the CPU (:mod:`attnscale.measure.native`), which with
-    ``counterfactuals`` also gives those of :data:`COUNTERFACTUALS` from the same pass, else
-    the ``torch.compile``-d Python version, :func:`attnscale.measure.rowstats.attention_with_sums`,
+    ``counterfactuals`` also gives those of :data:`COUNTERFACTUALS` from the same pass (and
+    without ``with_output`` only the statistics, the output empty), else the
+    ``torch.compile``-d Python version, :func:`attnscale.measure.rowstats.attention_with_sums`,
     for the actual logits alone. ``rows`` (B, N) bool."""
     kernel = native.fused_kernel() if q.device.type == "cpu" and q.dtype == torch.float32 else None
     if kernel is not None:
         dots, taus, labels = _kernel_variants(list(COUNTERFACTUALS) if counterfactuals else [])
-        out, sums, mx = kernel(q, k, v, keep, is_causal, scale, rows, True, dots, taus)
+        out, sums, mx = kernel(q, k, v, keep, is_causal, scale, rows, with_output, dots, taus)
         if not labels:
             return out, {ACTUAL: (sums, mx)}
         return out, {label: (sums[i], mx[i]) for i, label in enumerate([ACTUAL, *labels])}

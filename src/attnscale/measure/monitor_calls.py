@@ -1,11 +1,15 @@
-"""How :class:`attnscale.measure.monitor.Monitor` reads each source's attention calls: q, k and
-the :func:`attnscale.attention` arguments equivalent to a transformers or
+"""How :class:`attnscale.measure.monitor.Monitor` reads each source's attention calls: the hooks
+it puts on attnscale and ``torch.nn.MultiheadAttention`` modules and on transformers models, q,
+k and the :func:`attnscale.attention` arguments equivalent to a transformers or
 ``torch.nn.MultiheadAttention`` call, masks in the form the statistics read, which calls one
-fused pass (:mod:`attnscale.measure.native`) reproduces, and the SDPA calls of transformers'
-sdpa code (:class:`WatchSDPA`)."""
+fused pass (:mod:`attnscale.measure.native`) reproduces, the SDPA calls of transformers' sdpa
+code (:class:`WatchSDPA`), and those calls under torch.compile (:func:`record_compiled`)."""
 
 from __future__ import annotations
 
+import itertools
+import sys
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -14,12 +18,28 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
+from attnscale.core.nn import MultiheadSelfAttention
 
-class AnswersSDPA(Protocol):
-    """What :class:`WatchSDPA` needs of its monitor (:class:`attnscale.measure.monitor.Monitor`,
-    which imports this module, so it is named by its one method rather than imported)."""
+HF_NAME = "attnscale_monitor"  # the prefix of the attention functions registered with transformers
+_ids = itertools.count()
+
+
+class Watcher(Protocol):
+    """What the hooks of this module need of their monitor
+    (:class:`attnscale.measure.monitor.Monitor`, which imports this module, so it is named by
+    its methods rather than imported): ``key`` and ``compiled_calls`` as
+    :func:`record_compiled` reads them."""
+
+    key: int
+    compiled_calls: Tensor
+
+    def record(self, module: nn.Module, q: Tensor, k: Tensor, call: dict[str, Any]) -> None: ...
 
     def sdpa(self, module: nn.Module, *args: Any, **kwargs: Any) -> Tensor: ...
+
+    def measure_sdpa(self, module: int, query: Tensor, key: Tensor, value: Tensor,
+                     attn_mask: Tensor | None, is_causal: bool, scale: float | None,
+                     enable_gqa: bool) -> None: ...
 
 
 def fusable(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any, dropout_p: float,
@@ -64,6 +84,14 @@ def keep_mask(mask: Tensor | None) -> tuple[bool, Tensor | None]:
     if bool(torch.where(keep, mask, torch.zeros((), dtype=mask.dtype)).any()):
         return False, None  # a real bias: the logits change, not only which keys count
     return True, keep
+
+
+def sdpa_call(attn_mask: Tensor | None, is_causal: bool, scale: float | None,
+              enable_gqa: bool) -> dict[str, Any]:
+    """The :func:`attnscale.attention` arguments equivalent to an SDPA call, its mask as the
+    statistics read it (:func:`stats_mask`)."""
+    return {"attn_mask": stats_mask(attn_mask), "is_causal": is_causal, "scale": scale,
+            "enable_gqa": enable_gqa, "score": "scaled_dot"}
 
 
 def stats_mask(mask: Tensor | None) -> Tensor | None:
@@ -163,7 +191,7 @@ class WatchSDPA(TorchFunctionMode):
     runs SDPA itself, and ``fallback()`` records the statistics from the model's own arguments.
     """
 
-    def __init__(self, monitor: AnswersSDPA, module: nn.Module, heads_rows: tuple[int, int],
+    def __init__(self, monitor: Watcher, module: nn.Module, heads_rows: tuple[int, int],
                  fallback: Callable[[], None]) -> None:
         super().__init__()
         self.monitor, self.module = monitor, module
@@ -178,3 +206,129 @@ class WatchSDPA(TorchFunctionMode):
             return self.monitor.sdpa(self.module, *args, **kwargs)
         self.fallback()
         return func(*args, **kwargs)
+
+
+# -- the sources' hooks ---------------------------------------------------------------------------
+
+
+def watch_attnscale(monitor: Watcher, module: MultiheadSelfAttention) -> Callable[[], None]:
+    """Record every attention call of ``module`` through its ``capture`` hook (an observer
+    already there keeps working); returns what undoes it."""
+    previous = module.capture
+
+    def capture(mod, q, k, call):
+        monitor.record(mod, q, k, call)
+        if previous is not None:  # another observer (e.g. the trainer) keeps working
+            previous(mod, q, k, call)
+
+    module.capture = capture
+
+    def undo() -> None:
+        module.capture = previous
+
+    return undo
+
+
+def watch_torch_mha(monitor: Watcher, module: nn.MultiheadAttention) -> Callable[[], None]:
+    """Record every call of ``module`` through a forward pre-hook that re-projects q and k
+    (:func:`torch_mha_inputs`); returns what undoes it."""
+
+    def pre_hook(mod, args, kwargs):
+        q, k, call = torch_mha_inputs(mod, args, kwargs)
+        monitor.record(mod, q, k, call)
+
+    return module.register_forward_pre_hook(pre_hook, with_kwargs=True).remove
+
+
+def watch_hf(monitor: Watcher, model: nn.Module) -> Callable[[], None]:
+    """Stand in for the attention implementation of transformers model ``model`` ("eager" or
+    "sdpa", else ValueError) with a registered attention function that records each call and
+    runs that implementation (module docstring of :mod:`attnscale.measure.monitor`); returns
+    what puts the original back."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    original = model.config._attn_implementation
+    if original not in ("eager", "sdpa"):
+        raise ValueError(
+            f"attn_implementation must be 'eager' or 'sdpa' to be monitored, got {original!r}"
+        )
+    name = f"{HF_NAME}_{next(_ids)}"
+
+    def monitored(module, query, key, value, attention_mask, **kwargs):
+        def record() -> None:
+            monitor.record(module, *hf_inputs(query, key, attention_mask, kwargs, module))
+
+        if original == "sdpa":  # transformers' own sdpa code, with SDPA itself watched
+            with WatchSDPA(monitor, module, tuple(query.shape[1:3]), record):
+                return ALL_ATTENTION_FUNCTIONS["sdpa"](
+                    module, query, key, value, attention_mask, **kwargs)
+        record()
+        # the model's own eager code, from its modeling file: bitwise the same output
+        fn = sys.modules[type(module).__module__].eager_attention_forward
+        return fn(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(name, monitored)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
+    model.set_attn_implementation(name)
+
+    def undo() -> None:
+        model.set_attn_implementation(original)
+
+    return undo
+
+
+# -- SDPA calls under torch.compile -------------------------------------------------------------
+
+# The live monitors by key, for the recording operator, which can take only numbers and tensors.
+MONITORS: weakref.WeakValueDictionary[int, Watcher] = weakref.WeakValueDictionary()
+RECORD_OP = "attnscale::monitor_sdpa"
+LIBRARY = torch.library.Library("attnscale", "FRAGMENT")  # the operator's registrations
+LIBRARY.define(
+    "monitor_sdpa(Tensor(a!) calls, int monitor, int module, Tensor query, Tensor key,"
+    " Tensor value, Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa) -> ()")
+# Statistics only: no gradient flows through it (record_compiled hands it detached tensors).
+LIBRARY.impl("monitor_sdpa", torch.library.fallthrough_kernel, "Autograd")
+
+
+def register_monitor(monitor: Watcher) -> int:
+    """A new key under which :data:`MONITORS` holds ``monitor`` (weakly) while it lives."""
+    key = next(_ids)
+    MONITORS[key] = monitor
+    return key
+
+
+def record_compiled(monitor: Watcher, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                    attn_mask: Tensor | None, is_causal: bool, scale: float | None,
+                    enable_gqa: bool) -> None:
+    """Hand one SDPA call of traced code to ``monitor`` (its key in :data:`MONITORS`, its
+    ``compiled_calls`` counter) through :data:`RECORD_OP`: one opaque call in the graph, where
+    Dynamo would otherwise trace the monitor's Python state (counters, dicts of accumulators,
+    checks of the values) and break the graph or recompile on every call. At run time the
+    operator calls :meth:`Watcher.measure_sdpa`, which does what an eager call does without
+    computing the output."""
+    detached = [None if t is None else t.detach() for t in (query, key, value, attn_mask)]
+    torch.ops.attnscale.monitor_sdpa.default(monitor.compiled_calls, monitor.key, id(module),
+                                             *detached, bool(is_causal), scale, bool(enable_gqa))
+
+
+@torch.library.impl(RECORD_OP, "CompositeExplicitAutograd", lib=LIBRARY)
+def monitor_sdpa(calls: Tensor, monitor: int, module: int, query: Tensor, key: Tensor,
+                 value: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float | None,
+                 enable_gqa: bool) -> None:
+    """Add the statistics of one SDPA call to the monitor with key ``monitor`` (for the
+    module with ``id`` ``module``), and count it in ``calls``. RuntimeError where no such
+    monitor lives (a compiled graph outliving its monitor)."""
+    target = MONITORS.get(monitor)
+    if target is None:
+        raise RuntimeError(f"{RECORD_OP}: no live Monitor has key {monitor}")
+    target.measure_sdpa(module, query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    calls.add_(1)
+
+
+@torch.library.register_fake(RECORD_OP, lib=LIBRARY)
+def monitor_sdpa_fake(calls: Tensor, monitor: int, module: int, query: Tensor, key: Tensor,
+                      value: Tensor, attn_mask: Tensor | None, is_causal: bool,
+                      scale: float | None, enable_gqa: bool) -> None:
+    """Nothing to allocate: the operator only updates ``calls`` in place."""

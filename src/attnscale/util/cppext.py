@@ -1,29 +1,33 @@
-"""Build and load attnscale's C++ kernels with PyTorch's extension builder, once per machine.
+"""Load attnscale's C++ kernels: the installed build, else a just-in-time one, else none.
 
-Every kernel is one ``.cpp`` file written against ``at::vec::Vectorized``, which picks its vector
-width from ``CPU_CAPABILITY`` at compile time. :func:`target_isa` chooses that capability:
+Each kernel is one ``.cpp`` file written against ``at::vec::Vectorized``, which picks its vector
+width from ``CPU_CAPABILITY`` at compile time; :func:`target_isa` chooses that capability
+(``AVX512``, ``AVX2`` or the portable ``generic``, :mod:`attnscale.util.kernelspec`), and
+``$ATTNSCALE_NATIVE_ISA`` forces one of those or ``off`` (no native kernel: every caller takes
+its Python path).
 
-* ``AVX512`` or ``AVX2`` on an x86 CPU that has it (what PyTorch itself dispatches to);
-* ``generic`` everywhere else (ARM, other CPUs, or forced): ``CPU_CAPABILITY=DEFAULT``, whose
-  ``Vectorized`` is portable C++ (on aarch64 PyTorch's default build maps it onto NEON).
+Where :func:`build` finds a kernel, in order:
 
-``$ATTNSCALE_NATIVE_ISA`` forces one of ``AVX512``, ``AVX2``, ``generic`` or ``off`` (no native
-kernel: every caller takes its Python path). The build lives in PyTorch's extension cache
-(``~/.cache/torch_extensions`` or ``$TORCH_EXTENSIONS_DIR``); a build killed halfway can leave a
-lock file there that makes the next build wait, and deleting that folder clears it.
-
-Before it blocks, :func:`build` logs one line on the caller's logger: WARNING when no cached
-build exists (Python's last-resort handler prints it to stderr, so a user waiting half a minute
-sees why), INFO when it loads one (a build older than its source does not count: the builder
-recompiles it). A failed build warns once and returns None with the reason.
+1. **installed**: ``pip install --no-build-isolation .`` (and ``make``) compile the kernels into
+   the package's ``prebuilt/`` folder (``setup.py``), each with a record of its identity
+   (torch version and ABI, Python ABI, flags, a hash of its source). It is used only while the
+   running environment has that identity; ``$ATTNSCALE_PREBUILT=off`` ignores it.
+2. **cache**: a just-in-time build (:mod:`attnscale.util.jitcache`) under a name keyed by
+   that identity, the compiler and the environment, made on first use with one WARNING line
+   (Python's last-resort handler prints it to stderr, so a user waiting half a minute sees
+   why). A killed build leaves nothing that stalls the next process.
+3. **none**: no compiler, a failed build or a missing source warns once, and the caller's
+   Python path runs; the reason is kept for ``attnscale kernels``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
 import shutil
+import subprocess
 import sysconfig
 import threading
 import warnings
@@ -35,15 +39,15 @@ from typing import Any
 
 import torch
 
+from attnscale.util import jitcache, kernelspec
+
 ENV = "ATTNSCALE_NATIVE_ISA"
-# Compiler flags per capability; the kernels include ATen's vec headers, which read the macros.
-FLAGS: dict[str, list[str]] = {
-    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma",
-               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
-    "AVX2": ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
-    "generic": ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"],
-}
+PREBUILT_ENV = "ATTNSCALE_PREBUILT"
+FLAGS = kernelspec.FLAGS
 CHOICES = (*FLAGS, "off")
+# (stem, isa) -> (where the loaded module came from: "installed", "cache" or "built"; why the
+# installed build was not used, or "")
+ORIGINS: dict[tuple[str, str], tuple[str, str]] = {}
 
 
 def target_isa() -> str | None:
@@ -65,66 +69,97 @@ def target_isa() -> str | None:
     return detected if x86 and detected in ("AVX512", "AVX2") else "generic"
 
 
-def is_cached(name: str, source: str | Path | None = None) -> bool:
-    """Whether an up-to-date build of module ``name`` lies in PyTorch's extension cache
-    (directly or in the per-Python folder newer PyTorch adds).
+def installed(stem: str, isa: str, source: Path) -> tuple[Path | None, str]:
+    """(the installed build of kernel ``stem`` for ``isa``, "") when the package holds one made
+    for this environment and this source, else (None, why not). Imports nothing."""
+    if os.environ.get(PREBUILT_ENV, "").strip() == "off":
+        return None, f"installed builds are off (${PREBUILT_ENV}=off)"
+    folder = kernelspec.PACKAGE / kernelspec.PREBUILT
+    name = kernelspec.build_name(stem, isa)
+    libraries = sorted(folder.glob(f"{name}.*.so")) + sorted(folder.glob(f"{name}.so"))
+    record = folder / f"{name}.json"
+    if not libraries or not record.is_file():
+        return None, f"no installed {isa} build"
+    try:
+        recorded = json.loads(record.read_text())
+    except json.JSONDecodeError as err:
+        return None, f"the installed build's record {record.name} is unreadable ({err})"
+    why = kernelspec.mismatch(recorded, kernelspec.identity(isa, source))
+    return (None, f"the installed build does not fit ({why})") if why else (libraries[0], "")
 
-    With ``source`` (the kernel's ``.cpp``) a build counts only if it is not older than the
-    source (modification times): that is ninja's own test, so after an edit of the source the
-    builder recompiles and this says False. Without it any build counts. Only the log level
-    depends on it; the builder itself decides whether to rebuild. Raises ValueError naming
-    ``source`` when it is not a file."""
-    from torch.utils.cpp_extension import get_default_build_root
 
-    if source is not None and not Path(source).is_file():
-        raise ValueError(f"source: no file at {source}")
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-    patterns = [f"{name}/{name}.so", f"*/{name}/{name}.so", f"{name}/{name}.pyd"]
-    builds = [path for pattern in patterns for path in root.glob(pattern)]
-    if source is None:
-        return bool(builds)
-    edited = Path(source).stat().st_mtime_ns
-    return any(path.stat().st_mtime_ns >= edited for path in builds)
+def locate(stem: str, source: Path, isa: str) -> tuple[str | None, str]:
+    """Where a call would find kernel ``stem``'s build for ``isa`` without building anything:
+    ("installed" or "cache", its path) or (None, why neither has one)."""
+    path, why = installed(stem, isa, source)
+    if path is not None:
+        return "installed", str(path)
+    cached = jitcache.library(jit_name(stem, isa, source))
+    if cached.is_file():
+        return "cache", str(cached)
+    return None, f"{why}; not built for this environment yet"
+
+
+def jit_name(stem: str, isa: str, source: Path) -> str:
+    """The just-in-time build's module name, ``attnscale_<stem>_<isa>_<key>``."""
+    import torch
+
+    environment = str(Path(torch.__file__).resolve().parent)
+    key = kernelspec.key(kernelspec.identity(isa, source), environment)
+    return f"attnscale_{stem}_{isa.lower()}_{key}"
 
 
 def build(stem: str, source: Path, what: str, log: logging.Logger,
           isa: str | None = None) -> tuple[ModuleType | None, str]:
-    """Compile (or load from the cache) ``source`` as module ``attnscale_<stem>_<isa>``.
-
-    ``what`` names the kernel in the one log line (e.g. "the monitor's native kernel");
-    ``isa`` defaults to :func:`target_isa`. Returns (module, the capability it was built for),
-    or (None, why not) when native kernels are off or the build failed."""
+    """The module of kernel ``stem`` for ``isa`` (default :func:`target_isa`): the installed
+    build where it fits this environment, else the just-in-time cache's (built first where
+    missing, about 30 s, with one log line). ``what`` names the kernel in the log lines.
+    Returns (module, the capability it was built for), or (None, why not) when native kernels
+    are off or the build failed; :data:`ORIGINS` records where each module came from."""
     try:
         isa = isa or target_isa()
     except ValueError as err:
         return None, str(err)
     if isa is None:
         return None, f"native kernels are off (${ENV}=off)"
-    # The builder runs `ninja` from PATH; a venv's own (the `ninja` dependency) is not on PATH
-    # when the venv is not activated. PATH is put back afterwards.
-    path = os.environ.get("PATH", "")
+    if not Path(source).is_file():
+        return failed(what, f"its source {source} is missing")
+    path, why = installed(stem, isa, Path(source))
+    if path is not None:
+        log.info("attnscale: loading %s from the installed build %s", what, path.name)
+        module = jitcache.import_library(f"attnscale.prebuilt.{path.name.split('.')[0]}", path)
+        ORIGINS[(stem, isa)] = ("installed", "")
+        return module, isa
+    path_env = os.environ.get("PATH", "")
+    with_ninja(path_env)
+    try:
+        name = jit_name(stem, isa, Path(source))
+        if jitcache.library(name).is_file():
+            log.info("attnscale: loading %s %s from the kernel cache (%s)", what, name, why)
+        module, origin = jitcache.load_or_build(
+            name, Path(source), kernelspec.cflags(isa), kernelspec.LDFLAGS, what, log,
+            kernelspec.identity(isa, Path(source)))
+    except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as err:
+        return failed(what, f"{type(err).__name__}: {err}")  # any build failure: the fallback
+    finally:
+        os.environ["PATH"] = path_env
+    ORIGINS[(stem, isa)] = (origin, why)
+    return module, isa
+
+
+def with_ninja(path_env: str) -> None:
+    """Put the environment's own ``ninja`` (the ``ninja`` dependency) on PATH: PyTorch's
+    builder runs it from PATH, which lacks it when the environment is not activated."""
     scripts = sysconfig.get_path("scripts")
     if shutil.which("ninja") is None and scripts and (Path(scripts) / "ninja").exists():
-        os.environ["PATH"] = f"{scripts}{os.pathsep}{path}"
-    name = f"attnscale_{stem}_{isa.lower()}"
-    if Path(source).is_file() and is_cached(name, source):
-        log.info("attnscale: loading %s %s from PyTorch's extension cache", what, name)
-    else:
-        log.warning("attnscale: building %s %s with torch.utils.cpp_extension (about 30 s, "
-                    "once per machine; cached after)", what, name)
-    try:
-        from torch.utils.cpp_extension import load
+        os.environ["PATH"] = f"{scripts}{os.pathsep}{path_env}"
 
-        module = load(name=name, sources=[str(source)],
-                      extra_cflags=["-O3", "-fopenmp", *FLAGS[isa]],
-                      extra_ldflags=["-fopenmp"], verbose=False)
-    except Exception as err:  # any build failure means: use the fallback
-        reason = f"{what} did not build ({type(err).__name__}: {err})"
-        warnings.warn(f"attnscale: {reason}; using the slower Python path", stacklevel=3)
-        return None, reason
-    finally:
-        os.environ["PATH"] = path
-    return module, isa
+
+def failed(what: str, reason: str) -> tuple[None, str]:
+    """Warn once that ``what`` did not build and return (None, the reason)."""
+    reason = f"{what} did not build ({reason})"
+    warnings.warn(f"attnscale: {reason}; using the slower Python path", stacklevel=3)
+    return None, reason
 
 
 class Kernel:
@@ -151,28 +186,23 @@ class Kernel:
         return self.state["module"]
 
     def load(self) -> dict[str, Any]:
-        """Build or load now: {"module", "isa", "reason", "cached"} (cached: whether an
-        up-to-date build was found, as :func:`is_cached` reports it)."""
-        try:
-            isa = target_isa()
-        except ValueError:
-            isa = None  # build() reports the same error as the reason
-        cached = (isa is not None and self.source.is_file()
-                  and is_cached(f"attnscale_{self.stem}_{isa.lower()}", self.source))
+        """Build or load now: {"module", "isa", "reason", "origin"} (origin: "installed",
+        "cache" or "built", where the module came from; None without one)."""
         module, info = build(self.stem, self.source, self.what, self.log)
+        origin = ORIGINS.get((self.stem, info), (None, ""))[0] if module is not None else None
         return {"module": module, "isa": info if module is not None else None,
-                "reason": None if module is not None else info, "cached": cached}
+                "reason": None if module is not None else info, "origin": origin}
 
     def active(self) -> ModuleType | None:
         """The module a qualifying call uses now: None while :meth:`forced_fallback` holds."""
         return None if self.forced else self.module()
 
     def status(self) -> dict[str, Any]:
-        """{"isa": the capability built for or None, "cached", "reason": why there is no kernel
-        or None, "path": "native" or the fallback's name (what a qualifying call takes now)}.
-        Builds the kernel if needed."""
+        """{"isa": the capability built for or None, "origin": "installed", "cache", "built" or
+        None, "reason": why there is no kernel or None, "path": "native" or the fallback's name
+        (what a qualifying call takes now)}. Builds the kernel if needed."""
         native = self.module() is not None and not self.forced
-        return {"isa": self.state["isa"], "cached": self.state["cached"],
+        return {"isa": self.state["isa"], "origin": self.state["origin"],
                 "reason": self.state["reason"], "path": "native" if native else self.fallback}
 
     @contextmanager
