@@ -16,12 +16,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # The kernels compile here, at install (setup.py): for this machine's vector ISA and the portable
-# build the tests also exercise, two at a time, about 2 min on 2 cores. --no-build-isolation makes
+# build the tests also exercise, two at a time, about 3 min on 2 cores. --no-build-isolation makes
 # them build against the venv's own torch; `attnscale kernels` then says which build each uses.
 $(STAMP): pyproject.toml constraints.txt setup.py $(KERNELS) | $(BIN)/python
 	$(BIN)/python -m pip install -q $(TORCH) -c constraints.txt setuptools wheel
-	ATTNSCALE_BUILD_ISA=native,generic $(BIN)/python -m pip install -q --no-build-isolation \
-		-c constraints.txt -e '.[dev,hf,ray,parquet]'
+	ATTNSCALE_BUILD_ISA=native,generic $(BIN)/python -m pip install -q --no-build-isolation -c constraints.txt -e '.[dev,hf,ray,parquet]'
 	$(BIN)/attnscale kernels
 	touch $(STAMP)
 
