@@ -13,7 +13,6 @@ Hypothesis profiles (chosen with the ``HYPOTHESIS_PROFILE`` environment variable
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -75,12 +74,14 @@ def ray_head():
     ``xdist_group("ray")``: one cluster on the machine at a time (``ray stop`` stops them all)."""
     pytest.importorskip("ray", reason="ray is not installed (pip install 'attnscale[ray]')")
     ray_bin = Path(sys.executable).with_name("ray")
-    with socket.socket() as probe:  # a free port: a cluster another test left stopping is no clash
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
+    port = "6391"
     start = [str(ray_bin), "start", "--head", "--port", port, "--num-cpus", "2",
              "--disable-usage-stats", "--include-dashboard", "false"]
     started = subprocess.run(start, capture_output=True, text=True, timeout=180)
+    if started.returncode != 0 and "already running" in started.stderr:
+        # the cluster of the test before is still stopping: stop it for good, then start again
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120)
+        started = subprocess.run(start, capture_output=True, text=True, timeout=180)
     assert started.returncode == 0, started.stderr[-2000:]
     try:
         yield f"127.0.0.1:{port}"
