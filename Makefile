@@ -16,7 +16,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # The kernels compile here, at install (setup.py): for this machine's vector ISA and the portable
-# build the tests also exercise, two at a time, about 3 min on 2 cores. --no-build-isolation makes
+# build the tests also exercise, two at a time, about 70 s on 2 cores. --no-build-isolation makes
 # them build against the venv's own torch; `attnscale kernels` then says which build each uses.
 $(STAMP): pyproject.toml constraints.txt setup.py $(KERNELS) | $(BIN)/python
 	$(BIN)/python -m pip install -q $(TORCH) -c constraints.txt setuptools wheel
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml constraints.txt setup.py $(KERNELS) | $(BIN)/python
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q -n auto --dist loadgroup --durations=15
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15
 
 # Every hypothesis property test with the fuzz profile (many more examples) and a fresh random
 # seed, printed first so that a failure can be replayed with SEED=<seed> make fuzz.

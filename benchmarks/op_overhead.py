@@ -3,10 +3,12 @@ where the Python around a call is what a call costs.
 
     python benchmarks/op_overhead.py [--rounds 12] [--threads 1] [--shape 1 2 32 16]
 
-Each row is timed with ``torch.utils.benchmark`` (the median call of a ≥ 0.2 s block, calls
-back to back) in ``--rounds`` rounds that take the rows in turn, and keeps its fastest round:
-the one least disturbed by other load on a shared machine. ``overhead`` is the difference from
-the first row of its group. Groups:
+Rows are timed in ``--rounds`` rounds, interleaved: each round times every row once (the median
+call of a ≥ 0.2 s ``torch.utils.benchmark`` block), and the first row of each group, the
+reference, twice, so that its second timing against its first is the group's noise floor. Each
+row reads as the geometric-mean ratio to its group's reference over the rounds, with a 95 %
+Student-t interval on the per-round log ratios (:func:`attnscale.measure.overhead.
+log_ratio_interval`), and as the median extra microseconds per call. Groups:
 
 * softcap forward, no autograd: the kernel module called directly (the pybind function, as the
   package called it before the operators) against ``torch.ops.attnscale.softcap_attention``;
@@ -18,7 +20,8 @@ the first row of its group. Groups:
 * row normalization (RMS) forward and backward, direct against the operators.
 
 Prints one JSON object {"shape", "threads", "rounds", "rows": [{"group", "path", "us",
-"overhead_us"}]}.
+"overhead_us", "ratio", "lo", "hi"}]}, a "noise floor" row (the reference against itself) first
+in each group.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from statistics import median
 
 import torch
 import torch.utils.benchmark as tb
 from torch import Tensor
 
 from attnscale.core import native, native_rows
+from attnscale.measure.overhead import log_ratio_interval
 
 ROUNDS = 12
 
@@ -133,25 +138,37 @@ def cases(shape: list[int]) -> tuple[list[tuple[str, str, Callable[[], object]]]
 
 
 def main() -> None:
-    """Time every row in rounds; print the fastest round of each as JSON."""
+    """Time every row in interleaved rounds; print ratios to each group's reference as JSON."""
     args = parse_args()
+    if args.rounds < 3:
+        raise SystemExit("--rounds: need at least 3 for an interval")
     torch.set_num_threads(args.threads)
     table, keep_alive = cases(args.shape)
-    best: dict[tuple[str, str], float] = {}
+    reference: dict[str, Callable[[], object]] = {}
+    for group, _, fn in table:
+        reference.setdefault(group, fn)
+    rows = [(group, "noise floor (reference again)", fn) for group, fn in reference.items()]
+    rows += table
+    times: dict[tuple[str, str], list[float]] = {(g, p): [] for g, p, _ in rows}
     for _ in range(args.rounds):
-        for group, path, fn in table:
+        for group, path, fn in rows:
             fn()
-            t = tb.Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.2).median
-            best[group, path] = min(best.get((group, path), float("inf")), t)
-    rows, first = [], {}
-    for group, path, _ in table:
-        us = best[group, path] * 1e6
-        base = first.setdefault(group, us)
-        rows.append({"group": group, "path": path, "us": round(us, 1),
-                     "overhead_us": round(us - base, 1)})
+            block = tb.Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.2)
+            times[group, path].append(block.median)
+    out = []
+    for group in reference:
+        base = times[group, next(p for g, p, _ in table if g == group)]
+        for g, path, _ in rows:
+            if g != group:
+                continue
+            mine = times[group, path]
+            ratio = log_ratio_interval(mine, base)
+            out.append({"group": group, "path": path, "us": round(median(mine) * 1e6, 1),
+                        "overhead_us": round((median(mine) - median(base)) * 1e6, 1),
+                        **{k: round(ratio[k], 3) for k in ("ratio", "lo", "hi")}})
     del keep_alive
     print(json.dumps({"shape": args.shape, "threads": args.threads, "rounds": args.rounds,
-                      "rows": rows}, indent=1))
+                      "rows": out}, indent=1))
 
 
 if __name__ == "__main__":

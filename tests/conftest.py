@@ -13,8 +13,13 @@ Hypothesis profiles (chosen with the ``HYPOTHESIS_PROFILE`` environment variable
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -45,17 +50,27 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "property: a hypothesis property test (make fuzz)")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+# The longest modules (seconds on 2 cores, `pytest --durations=0`), run first: `make test` hands
+# whole modules to its two workers in collection order, so one started last would run alone at
+# the end. A stale list only costs time.
+LONGEST_FIRST = (
+    "tests/util/test_kernel_builds.py",  # 180: real compiler runs
+    "tests/lab/test_sweep.py",  # 125
+    "tests/audit/test_report.py",  # 120
+    "tests/measure/test_monitor.py",  # 85
+    "tests/test_cli.py",  # 75
+    "tests/audit/test_report_ray.py",  # 55
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every hypothesis test ``property`` so ``-m property`` selects them all, and give
-    each test without an ``xdist_group`` its module's: under ``pytest -n N --dist loadgroup``
-    (make test) a module's tests share one worker and its module-scoped fixtures are built
-    once, while tests that share a machine-wide resource (one Ray cluster) name one group."""
+    """Mark every hypothesis test ``property`` so ``-m property`` selects them all, and move the
+    longest modules to the front (in order, each module's tests in their own order)."""
     for item in items:
         if is_hypothesis_test(getattr(item, "obj", None)):
             item.add_marker(pytest.mark.property)
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 @pytest.fixture
@@ -67,23 +82,71 @@ def one_thread():
     torch.set_num_threads(old)
 
 
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct ports the kernel says are free now (held open together, so no repeats)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 @pytest.fixture
-def ray_head():
-    """A real local Ray cluster from `ray start --head` (2 CPUs), stopped afterwards; yields its
-    address ``127.0.0.1:port``. Skips when ray is not installed. Its tests are in the
-    ``xdist_group("ray")``: one cluster on the machine at a time (``ray stop`` stops them all)."""
+def ray_head(tmp_path_factory):
+    """A real Ray cluster from ``ray start --head --block`` (2 CPUs) that belongs to this test
+    alone; yields its address ``127.0.0.1:port``. Skips when ray is not installed.
+
+    Every port it listens on is a free one, it binds to loopback and keeps its session files
+    in its own folder, and it is stopped by signalling its own process group: ``ray stop``
+    would stop every Ray process on the machine, another test's or another checkout's with
+    them, and two heads on Ray's default ports take each other's sessions (WrongClusterID)."""
     pytest.importorskip("ray", reason="ray is not installed (pip install 'attnscale[ray]')")
     ray_bin = Path(sys.executable).with_name("ray")
-    port = "6391"
-    start = [str(ray_bin), "start", "--head", "--port", port, "--num-cpus", "2",
-             "--disable-usage-stats", "--include-dashboard", "false"]
-    started = subprocess.run(start, capture_output=True, text=True, timeout=180)
-    if started.returncode != 0 and "already running" in started.stderr:
-        # the cluster of the test before is still stopping: stop it for good, then start again
-        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120)
-        started = subprocess.run(start, capture_output=True, text=True, timeout=180)
-    assert started.returncode == 0, started.stderr[-2000:]
+    names = ("port", "node-manager-port", "object-manager-port", "ray-client-server-port",
+             "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+             "runtime-env-agent-port")
+    ports = dict(zip(names, _free_ports(len(names)), strict=True))
+    # Ray's unix sockets live under the temp dir and must stay under 107 characters
+    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    log = tmp_path_factory.mktemp("ray-head") / "head.log"
+    cmd = [str(ray_bin), "start", "--head", "--block", "--num-cpus", "2",
+           "--node-ip-address", "127.0.0.1", "--temp-dir", str(temp),
+           "--disable-usage-stats", "--include-dashboard", "false"]
+    cmd += [a for name, port in ports.items() for a in (f"--{name}", str(port))]
+    with open(log, "w") as out:
+        head = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        yield f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while "Ray runtime started" not in (said := log.read_text()):
+            assert head.poll() is None, f"ray start exited {head.returncode}: {said[-2000:]}"
+            assert time.monotonic() < deadline, f"ray start not up in 180 s: {said[-2000:]}"
+            time.sleep(0.5)
+        yield f"127.0.0.1:{ports['port']}"
     finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120)
+        _stop_group(head)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group (Ray's graceful stop), SIGKILL what is left after 5 s (the
+    ``ray start --block`` leader itself can take 30 s to act on SIGTERM)."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # the leader is gone; its children may not be yet
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)

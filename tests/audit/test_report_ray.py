@@ -11,8 +11,6 @@ import subprocess
 import sys
 from dataclasses import replace
 
-import pytest
-
 from attnscale.audit.studies import PRESETS, cut_down, studies
 from attnscale.lab.store import Store
 
@@ -29,7 +27,6 @@ print(json.dumps({name: len(r) for name, r in runs.items()}))
 """
 
 
-@pytest.mark.xdist_group("ray")
 def test_cut_down_full_studies_on_a_started_ray_cluster(tmp_path, ray_head):
     # a fresh process, as `attnscale report` would be: Ray reads its auth settings at import
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}

@@ -270,7 +270,6 @@ def test_results_bad_input(tmp_path, smoke_db):
         assert_one_error_line(out, "install pyarrow")
 
 
-@pytest.mark.xdist_group("ray")
 def test_ray_executor_matches_local(smoke_db, tmp_path):
     pytest.importorskip("ray", reason="ray is not installed (pip install 'attnscale[ray]')")
     db = tmp_path / "ray.db"
@@ -285,7 +284,6 @@ def test_ray_executor_matches_local(smoke_db, tmp_path):
         assert [len(r["history"]) for r in ray.runs(history=True)] == [3] * 4
 
 
-@pytest.mark.xdist_group("ray")
 def test_ray_executor_joins_a_started_cluster_by_address(smoke_db, tmp_path, ray_head):
     """`ray start --head`, then --address host:port (token auth on when ~/.ray/auth_token
     exists, Ray >= 2.59), then the same final metrics as the local executor."""
@@ -445,3 +443,32 @@ def test_sigkill_at_any_moment_then_resume(tmp_path):
     with Store(db) as store:
         again = {r["id"]: r["finished_at"] for r in store.runs(status="done")}
     assert {k: again[k] for k in kept} == kept  # finished runs were not redone
+
+
+def test_a_kept_pool_serves_several_sweeps_and_opens_only_when_there_is_work(tmp_path):
+    """run_sweep with a :class:`Kept` pool: the first sweep with runs opens it, later sweeps
+    reuse its workers (same processes), a sweep with nothing left to run opens nothing, and
+    close() stops the workers."""
+    from attnscale.lab.executors import Kept, LocalExecutor
+    from attnscale.lab.sweep import run_sweep
+
+    opened: list[int] = []
+
+    class Counting(LocalExecutor):
+        def __enter__(self) -> Counting:
+            opened.append(1)
+            return super().__enter__()
+
+    spec = load_spec(SMOKE)
+    db = tmp_path / "kept.db"
+    kept = Kept(Counting(1))
+    assert run_sweep(spec, db, pool=kept).to_run == 4 and opened == [1]
+    again = parse_spec(SMOKE.read_text().replace("1e-3, 1e-2", "3e-3"))
+    assert run_sweep(again, db, pool=kept).to_run == 2 and opened == [1]
+    kept.close()
+    assert not kept.is_open
+    assert run_sweep(spec, db, pool=kept).to_run == 0 and opened == [1]  # nothing to run
+    with Store(db) as store:
+        runs = store.runs()
+    assert sum(r["status"] == "done" for r in runs) == 6
+    assert len({r["worker"] for r in runs}) == 1, runs  # one worker process ran all six

@@ -44,9 +44,9 @@ def run_studies(plan: dict[str, Study], db: Path, executor: str, workers: int,
                 address: str | None, progress: Callable[[str, Any], None] | None = None,
                 ) -> dict[str, list[dict[str, Any]]]:
     """Run (or resume) every study into the results database; returns each study's runs."""
-    runner = StudyRunner(db, executor, workers, address, progress)
-    for study in plan.values():
-        runner.run(study)
+    with StudyRunner(db, executor, workers, address, progress) as runner:
+        for study in plan.values():
+            runner.run(study)
     with Store(db) as store:
         return {name: study_runs(store, study) for name, study in plan.items()}
 

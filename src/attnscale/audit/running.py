@@ -15,6 +15,7 @@ from typing import Any
 
 from attnscale.audit.selection import Cell, cells, in_cell, tuned_choice
 from attnscale.audit.studies import Study
+from attnscale.lab.executors import Kept, make_executor
 from attnscale.lab.store import FINISHED, Store
 from attnscale.lab.sweep import SweepSpec, is_current, run_sweep
 
@@ -45,18 +46,32 @@ def grid_spec(study: Study, seeds: tuple[int, ...], lrs: tuple[float, ...],
 
 
 class StudyRunner:
-    """Runs studies into ``db`` through one executor setting; ``progress(name, counts)``."""
+    """Runs studies into ``db`` through one executor setting; ``progress(name, counts)``.
+
+    Used as a context manager, its sweeps share one pool of workers, opened by the first sweep
+    with something to run (a rerun with nothing to do starts no worker) and closed on exit."""
 
     def __init__(self, db: Path, executor: str, workers: int, address: str | None,
                  progress: Progress | None = None) -> None:
         self.db, self.executor, self.workers, self.address = db, executor, workers, address
         self.progress = progress
+        self.pool: Kept | None = None
+
+    def __enter__(self) -> StudyRunner:
+        self.pool = Kept(make_executor(self.executor, self.workers, self.address))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     def sweep(self, spec: SweepSpec, label: str) -> Any:
         """Run (or resume) one sweep."""
         report = (lambda c: self.progress(label, c)) if self.progress else None
         return run_sweep(spec, self.db, workers=self.workers, executor=self.executor,
-                         address=self.address, source=f"report:{label}", progress=report)
+                         address=self.address, source=f"report:{label}", progress=report,
+                         pool=self.pool)
 
     def run(self, study: Study) -> None:
         """Every run of ``study``: the grid, or tuning, extension and the reported seeds."""

@@ -318,6 +318,39 @@ def _use_ray_token() -> bool:
     return True
 
 
+class Kept:
+    """An executor opened on first use and kept open across sweeps until :meth:`close`.
+
+    A report runs dozens of sweeps; opening a pool for each one forks (local) or starts (Ray)
+    its workers again, and each worker imports torch and the trainer again (seconds per sweep).
+    ``with kept:`` opens the inner executor the first time only, and leaves it open.
+    """
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner, self.is_open = inner, False
+
+    def __enter__(self) -> Kept:
+        if not self.is_open:
+            self.inner.__enter__()
+            self.is_open = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if any(exc):  # an interrupted sweep leaves jobs in flight: do not reuse its workers
+            self.close()
+
+    def run(
+        self, jobs: Sequence[Job], on_start: Callable[[str, str | None], None]
+    ) -> Iterator[Outcome]:
+        return self.inner.run(jobs, on_start)
+
+    def close(self) -> None:
+        """Close the inner executor if it was opened."""
+        if self.is_open:
+            self.is_open = False
+            self.inner.__exit__(None, None, None)
+
+
 def make_executor(kind: str = "local", workers: int = 1, address: str | None = None) -> Executor:
     """``local`` (default) or ``ray``; ``address`` only applies to ray."""
     if kind not in EXECUTORS:

@@ -51,7 +51,7 @@ from pydantic import (
 )
 
 from attnscale.core.scores import SCORES
-from attnscale.lab.executors import EXECUTORS, Job, Outcome, make_executor
+from attnscale.lab.executors import EXECUTORS, Executor, Job, Outcome, make_executor
 from attnscale.lab.store import FINISHED, Store
 from attnscale.lab.train import TrainConfig
 
@@ -311,13 +311,16 @@ def run_sweep(
     retry_failed: bool = False,
     source: str = "<sweep>",
     progress: Callable[[Counts], None] | None = None,
+    pool: Executor | None = None,
 ) -> Counts:
     """Run every grid point of ``spec`` not yet finished in ``db``; return the counts.
 
-    ``progress(counts)`` is called once before the first run and after every run.
+    ``progress(counts)`` is called once before the first run and after every run. ``pool``, an
+    executor shared by several sweeps (:class:`attnscale.lab.executors.Kept`), replaces the one
+    ``executor``, ``workers`` and ``address`` would make.
     """
     points = expand(spec, source)
-    pool = make_executor(executor, workers, address)
+    pool = pool if pool is not None else make_executor(executor, workers, address)
     with Store(db) as store:
         todo, counts = plan(store, points, spec.name, retry_failed)
         if progress:

@@ -43,7 +43,7 @@ Which code computes the statistics (``compile``, and :attr:`Monitor.backend`):
 * ``None`` (default): the native kernel where it applies (float32 on the CPU, a bool mask, a
   float mask that only hides keys, or none), else the Python code
   (:class:`attnscale.measure.stats.StatsAccumulator`). The kernel is the installed build (made at
-  install), else compiled once per environment (about 30 s, then cached) on the first monitored
+  install), else compiled once per environment (about 20 s, then cached) on the first monitored
   call; where it cannot build, one warning says so and the Python
   code runs. ``$ATTNSCALE_NATIVE_ISA=off`` switches it off.
 * ``True``: a fused pass for every call it can reproduce: the native kernel, else the

@@ -2,7 +2,7 @@
 
 :func:`fused_kernel` loads ``csrc/attention_with_sums.cpp``'s build through
 :func:`attnscale.util.cppext.build` (the installed build, else a just-in-time one, compiled in
-about 30 s once per environment) and returns it, or None where it cannot be used
+about 20 s once per environment) and returns it, or None where it cannot be used
 -- native kernels switched off (``$ATTNSCALE_NATIVE_ISA=off``), no C++ compiler or ninja, a
 failed build -- with the reason in :func:`unavailable_reason`. The vector code is ATen's
 ``at::vec``: AVX512 or AVX2 on x86 CPUs that have them, else the portable ``generic`` build

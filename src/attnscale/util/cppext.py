@@ -113,7 +113,7 @@ def build(stem: str, source: Path, what: str, log: logging.Logger,
           isa: str | None = None) -> tuple[ModuleType | None, str]:
     """The module of kernel ``stem`` for ``isa`` (default :func:`target_isa`): the installed
     build where it fits this environment, else the just-in-time cache's (built first where
-    missing, about 30 s, with one log line). ``what`` names the kernel in the log lines.
+    missing, about 20 s, with one log line). ``what`` names the kernel in the log lines.
     Returns (module, the capability it was built for), or (None, why not) when native kernels
     are off or the build failed; :data:`ORIGINS` records where each module came from."""
     try:

@@ -156,7 +156,7 @@ def load_or_build(name: str, source: Path, cflags: Sequence[str], ldflags: Seque
     with turn(root() / f"{name}.lock", what, log, wait_limit()):
         if path.is_file():  # built by the process this one waited for
             return import_library(name, path), "cache"
-        log.warning("attnscale: building %s %s with torch.utils.cpp_extension (about 30 s, "
+        log.warning("attnscale: building %s %s with torch.utils.cpp_extension (about 20 s, "
                     "once per environment; cached after)", what, name)
         return build_into_place(name, source, cflags, ldflags, identity), "built"
 

@@ -35,7 +35,10 @@
 //
 // Vectorized<float> takes its width from CPU_CAPABILITY (attnscale.util.cppext): AVX512, AVX2, or
 // DEFAULT, ATen's portable implementation, which compiles on any CPU (ARM included).
-#include <torch/extension.h>
+// ATen and torch's pybind11 casters, not <torch/extension.h>: that one also pulls in the whole
+// C++ frontend (torch::nn, torch::optim) and more than doubles the compile time (46 s -> 20 s).
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
