@@ -194,9 +194,10 @@ def drawn(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setattr(theory_plots, "save_png", keep)
     try:
-        out = F.draw_all(evidence, measured, folder, numbers(evidence))
+        out, failed = F.draw_all(evidence, measured, folder, numbers(evidence))
     finally:
         mp.undo()
+    assert failed == {}, failed  # every figure of complete evidence draws
     return out, saved, evidence
 
 
@@ -340,15 +341,27 @@ def test_forest_plots_always_show_zero_and_the_delta_band(tmp_path, monkeypatch)
         F.fig_forest({"x": comps["d_model=32 softcap sensitivity"]}, tmp_path, "g", "t", "nats")
 
 
-def test_figures_with_missing_data_are_skipped_not_faked(tmp_path):
+def test_figures_with_missing_data_are_errors_not_faked_or_dropped(tmp_path):
     evidence, measured = synthetic()
     evidence["Q3"] = {**evidence["Q3"], "lengths": []}
     evidence["C3"] = {**evidence["C3"], "accuracy": {"all": {}}}
     evidence["C12"] = {"init_std": {"unit": {"8": {}}}, "final_logit": {}, "n": 32}
-    out = F.draw_all(evidence, measured, tmp_path, numbers(evidence))
+    out, failed = F.draw_all(evidence, measured, tmp_path, numbers(evidence))
     assert "Q3" not in out and "C12" not in out
-    assert [Path(f["path"]).name for f in out.get("C3", [])] == ["c3_effects.png"] or \
-        "C3" not in out
+    assert set(failed) >= {"Q3", "C12", "C3"}
+    assert all(isinstance(f, str) and f.startswith(("missing evidence", "a bug"))
+               for fs in failed.values() for f in fs)
+
+
+def test_a_figure_that_raises_is_reported_and_claims_without_a_verdict_are_not_drawn(
+        tmp_path, monkeypatch):
+    evidence, measured = synthetic()
+    monkeypatch.setattr(F, "fig_q3", lambda ev, folder: 1 / 0)
+    num = numbers(evidence)
+    del num["C10"]  # its rule failed: its figures are not drawn, and not reported twice
+    out, failed = F.draw_all(evidence, measured, tmp_path, num)
+    assert failed == {"Q3": ["a bug: ZeroDivisionError: division by zero"]}
+    assert "C10" not in out and "Q3" not in out and "C9" in out
 
 
 def test_interval_and_sci_formatting():

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLI = ROOT / "src" / "attnscale" / "cli"
 runner = CliRunner()
 WIDE = {"COLUMNS": "400", "TERMINAL_WIDTH": "400"}
-MAKEFILE_EXTRAS = re.compile(r"pip install .*-e '\.\[([a-z,]+)\]'")  # the extras `make` installs
+MAKEFILE_EXTRAS = re.compile(r"INSTALL\) .*-e '\.\[([a-z,]+)\]'")  # the extras `make` installs
 
 
 def flat(text: str) -> str:

@@ -200,8 +200,31 @@ def trained_saturation(head_dim: dict[str, Any]) -> dict[str, Any] | None:
     return out or None
 
 
+def missing_runs(study: Study, runs: list[Run]) -> list[str]:
+    """Each (cell, arm, seed) of ``study``'s reported seeds with no finished run (done or
+    diverged): an arm missing there would silently leave a comparison out of its rule's family,
+    so the claims it feeds are reported as errors instead (``MissingEvidence``)."""
+    done = {(cell_label(cell), arm, r["config"]["seed"]) for r in analysis.finished(runs)
+            for cell in cells(study) for arm in study.arms if in_cell(r, cell, arm)}
+    return [f"{study.name}: {label} {arm} seed {seed}" for cell in cells(study)
+            for label in [cell_label(cell)] for arm in study.arms for seed in study.seeds
+            if (label, arm, seed) not in done]
+
+
 def collect_evidence(studies: dict[str, Study], runs: Runs,
                      measured: dict[str, Any]) -> dict[str, Any]:
+    """Every claim's evidence dict, from the studies' runs and the measurements; a claim fed by
+    a study with missing runs carries them under ``"missing"``."""
+    evidence = claim_evidence(studies, runs, measured)
+    for name, study in studies.items():
+        lost = missing_runs(study, runs[name])
+        for cid in study.claims if lost else ():
+            evidence[cid] = {**evidence[cid], "missing": evidence[cid].get("missing", []) + lost}
+    return evidence
+
+
+def claim_evidence(studies: dict[str, Study], runs: Runs,
+                   measured: dict[str, Any]) -> dict[str, Any]:
     """Every claim's evidence dict, from the studies' runs and the measurements."""
     dk = head_dim_evidence(studies["head_dim"], runs["head_dim"])
     text = lr_text_evidence(studies["lr_text"], runs["lr_text"])

@@ -29,7 +29,7 @@ from attnscale.audit import figure_text as T
 from attnscale.audit import theory_plots as TP
 from attnscale.audit.rules_training import gaps
 from attnscale.audit.theory_plots import BAND, Figure, below, log_ticks, outside, save, yerr
-from attnscale.audit.verdicts import LOSS_DELTA
+from attnscale.audit.verdicts import LOSS_DELTA, failure
 from attnscale.measure import inspection
 
 Evidence = dict[str, Any]
@@ -389,9 +389,11 @@ def sweep_unit(key: str) -> str:
 
 
 def draw_all(evidence: dict[str, Evidence], measured: dict[str, Any], folder: Path,
-             verdicts: dict[str, Any]) -> dict[str, list[Figure]]:
-    """Every claim's figures as ``{claim id: [{"path", "alt"}, ...]}``; a figure whose data is
-    missing is skipped, not faked. ``verdicts``: claim id -> the rule's ``numbers``."""
+             verdicts: dict[str, Any]) -> tuple[dict[str, list[Figure]], dict[str, list[str]]]:
+    """Every judged claim's figures as ``{claim id: [{"path", "alt"}, ...]}``, and the figures
+    that failed to draw as ``{claim id: [failure, ...]}`` (an error of the report, never a
+    figure left out in silence). ``verdicts``: claim id -> the rule's ``numbers``, for the
+    claims whose rule gave a verdict; the others' figures are not drawn."""
     folder, ev, num = Path(folder), evidence, verdicts
     def forest(cid: str, title: str, unit: str | Callable[[str], str],
                what: str) -> Callable[[], Figure]:
@@ -428,13 +430,18 @@ def draw_all(evidence: dict[str, Evidence], measured: dict[str, Any], folder: Pa
         "Q3": [lambda: fig_q3(ev["Q3"], folder)],
     }
     out: dict[str, list[Figure]] = {}
+    failed: dict[str, list[str]] = {}
     for claim, fns in jobs.items():
+        if claim not in num:
+            continue
         for fn in fns:
             try:
                 fig = fn()
-            except (KeyError, ValueError, TypeError, ZeroDivisionError, IndexError):
+                if not Path(fig["path"]).exists():
+                    raise FileNotFoundError(f"the figure was not written: {fig['path']}")
+            except Exception as e:  # a figure that cannot be drawn is reported, not dropped
                 plt.close("all")
+                failed.setdefault(claim, []).append(failure(e))
                 continue
-            if Path(fig["path"]).exists():
-                out.setdefault(claim, []).append(fig)
-    return out
+            out.setdefault(claim, []).append(fig)
+    return out, failed

@@ -7,6 +7,7 @@ jinja2 autoescaping, so no measured string can inject markup.
 from __future__ import annotations
 
 import base64
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -14,32 +15,46 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from attnscale.audit.claims import CLAIMS, QUESTIONS, Claim
-from attnscale.audit.verdicts import INCONCLUSIVE, Evidence, Verdict
+from attnscale.audit.verdicts import ERROR, Evidence, MissingEvidence, failure
 from attnscale.util.jsonio import dumps, jsonable
 
 CLAIMS_DOC = "docs/claims.md"  # where the claims are stated, relative to the source tree
 
 
 def judge(claim: Claim, ev: Evidence, figures: list[str] = ()) -> dict[str, Any]:
-    """One report.json entry: the claim, its rule, the verdict and the numbers behind it."""
-    try:
-        v = claim.judge(ev)
-    except (KeyError, ValueError, ZeroDivisionError, TypeError) as e:
-        # Missing measurements (e.g. every run of a study failed): say so, judge nothing.
-        v = Verdict(INCONCLUSIVE, claim.rule,
-                    f"not enough data to apply the rule ({e!r})",
-                    plain=["The measurements this rule needs are missing, so it decides "
-                           "nothing."])
-    return {
-        "id": claim.id, "claim": claim.text, "measures": claim.measures,
-        "verdict": v.verdict, "headline": v.headline, "plain": list(v.plain),
-        "regime": v.regime, "smallest": v.smallest, "rule": v.rule, "because": v.because,
+    """One report.json entry: the claim, its rule, the verdict and the numbers behind it.
 
-        "evidence": jsonable({k: v for k, v in ev.items() if k != "runs"}),
-        "numbers": jsonable(v.numbers),
-        "figures": list(figures),
-        "runs": list(ev.get("runs", [])),
-    }
+    A rule that raises gives an ``error`` entry that carries the exception (never a verdict);
+    :func:`errors` lists them, and the CLI exits 1."""
+    error, where = None, ""
+    try:
+        if ev.get("missing"):  # runs its comparisons need (evidence.missing_runs)
+            lost = ev["missing"]
+            raise MissingEvidence(f"{len(lost)} run(s) with no result, first {lost[0]}")
+        v = claim.judge(ev)
+    except Exception as e:  # every failure of a rule is reported as that, with its traceback
+        error, where = failure(e), "".join(traceback.format_exception(e, limit=-3))
+    entry = {"id": claim.id, "claim": claim.text, "measures": claim.measures,
+             "evidence": jsonable({k: x for k, x in ev.items() if k != "runs"}),
+             "figures": list(figures), "runs": list(ev.get("runs", []))}
+    if error is not None:
+        return {**entry, "verdict": ERROR, "headline": f"error: {error}",
+                "plain": [f"The rule could not be applied ({error}). This is not a verdict: "
+                          "fix the cause and rerun the report (finished runs are reused)."],
+                "regime": "", "smallest": "", "rule": claim.rule,
+                "because": where, "numbers": {}, "error": error}
+    return {**entry, "verdict": v.verdict, "headline": v.headline, "plain": list(v.plain),
+            "regime": v.regime, "smallest": v.smallest, "rule": v.rule, "because": v.because,
+            "numbers": jsonable(v.numbers)}
+
+
+def errors(entries: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Every failure in judged entries: ``{"id", "where": "rule" | "figure", "error"}``."""
+    out = [{"id": e["id"], "where": "rule", "error": e["error"]} for e in entries
+           if e.get("error")]
+    out += [{"id": e["id"], "where": "figure", "error": f} for e in entries
+            for f in e.get("figure_errors", [])]
+    return out
 
 
 def judge_all(evidence: dict[str, Evidence], figures: dict[str, list[str]] | None = None
@@ -59,9 +74,8 @@ def data_uri(path: str | Path) -> str:
 def _prepare(entry: dict[str, Any]) -> dict[str, Any]:
     figs = [{"name": Path(f["path"]).name, "uri": data_uri(f["path"]), "alt": f["alt"]}
             for f in entry["figures"] if Path(f["path"]).exists()]
-    # strict JSON, as in report.json (written from the same entries before the page)
-    return {**entry, "figure_data": figs,
-            "evidence_json": dumps(entry["evidence"], indent=1)[:20000]}
+    # strict JSON, as in report.json (written from the same entries before the page), in full
+    return {**entry, "figure_data": figs, "evidence_json": dumps(entry["evidence"], indent=1)}
 
 
 def timing_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
@@ -88,6 +102,7 @@ def render_html(report: dict[str, Any], explorer_html: str) -> str:
         versions_json=dumps(report["versions"]), elapsed_s=report["elapsed_s"],
         n_runs=report["n_runs"], runs_trained=report.get("runs_trained", report["n_runs"]),
         smoke=report.get("smoke", False), takeaways=report.get("takeaways", []),
+        errors=report.get("errors", []),
         bench_rows=timing_rows(report["bench"]), claims_doc=CLAIMS_DOC,
         explorer=Markup(explorer_html),  # built by attnscale.audit.explorer with its own escaping
     )

@@ -25,10 +25,11 @@ from typing import Any
 from attnscale.audit import explorer, figures, scale
 from attnscale.audit.evidence import collect_evidence
 from attnscale.audit.measurements import cached, measure_all
-from attnscale.audit.render import judge_all, render_html
+from attnscale.audit.render import errors, judge_all, render_html
 from attnscale.audit.running import StudyRunner, study_runs
 from attnscale.audit.studies import PRESETS, Preset, Study, studies, with_seed_offset
 from attnscale.audit.takeaways import answer, takeaways
+from attnscale.audit.verdicts import ERROR
 from attnscale.lab.executors import EXECUTORS
 from attnscale.lab.store import Store
 from attnscale.util.jsonio import dumps, jsonable
@@ -37,7 +38,8 @@ from attnscale.util.validate import check_choice, check_int, check_output_folder
 
 # 2: four verdicts, headline and plain sentences, C5 timing study
 # 3: takeaways, per-entry scale and (questions) answer, smoke, runs_trained, figures with alt text
-SCHEMA_VERSION = 3
+# 4: "error" entries (verdict "error", with "error"), per-entry figure_errors, top-level errors
+SCHEMA_VERSION = 4
 
 
 def run_studies(plan: dict[str, Study], db: Path, executor: str, workers: int,
@@ -71,8 +73,11 @@ def build_report(
     seed_offset: int = 0,
 ) -> dict[str, Any]:
     """Measure, judge and write the report into folder ``out``; returns the report.json
-    content. ``db`` is the results database (default ``out/results.db``); ``seed_offset`` K
-    trains every study on disjoint seeds (:func:`attnscale.audit.studies.with_seed_offset`)."""
+    content. A rule that raised, evidence that is missing and a figure that failed to draw are
+    listed in its ``"errors"`` (and shown on the page), never turned into a verdict; the CLI
+    exits 1 when there are any. ``db`` is the results database (default ``out/results.db``);
+    ``seed_offset`` K trains every study on disjoint seeds
+    (:func:`attnscale.audit.studies.with_seed_offset`)."""
     p = preset if isinstance(preset, Preset) else PRESETS[check_choice("preset", preset, PRESETS)]
     p = with_seed_offset(p, check_int("seed_offset", seed_offset, minimum=0))
     check_int("workers", workers, minimum=1)
@@ -91,11 +96,12 @@ def build_report(
     with Store(db) as store:
         n_runs = sum(store.counts().values())
     claims, questions = judge_all(evidence)
-    numbers = {e["id"]: e["numbers"] for e in claims + questions}
-    drawn = figures.draw_all(evidence, measured, out / "figures", numbers)
+    numbers = {e["id"]: e["numbers"] for e in claims + questions if e["verdict"] != ERROR}
+    drawn, failed = figures.draw_all(evidence, measured, out / "figures", numbers)
     notes = scale.caveats(p)
     for e in claims + questions:
         e["figures"] = drawn.get(e["id"], [])
+        e["figure_errors"] = failed.get(e["id"], [])
         e["scale"] = notes.get(e["id"], "")
     for q in questions:
         q["answer"] = answer(q)
@@ -106,7 +112,7 @@ def build_report(
         "tune_seeds": list(p.tune_seeds), "claims": claims,
         "questions": questions, "versions": versions(), "git_rev": git_revision(),
         "n_runs": n_runs, "runs_trained": n_runs - n_before, "bench": measured["bench"],
-        "elapsed_s": time.perf_counter() - started,
+        "errors": errors(claims + questions), "elapsed_s": time.perf_counter() - started,
     })
     (out / "report.json").write_text(dumps(report, indent=1))
     with Store(db) as store:

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from attnscale.audit.verdicts import DEPENDS, INCONCLUSIVE, REFUTED, SUPPORTED
+from attnscale.audit.verdicts import DEPENDS, ERROR, INCONCLUSIVE, REFUTED, SUPPORTED
 
 Entry = dict[str, Any]
 GREATER, LESS, EQUAL = "greater", "less", "equal"
@@ -50,6 +50,8 @@ def strip_verdict(headline: str, verdict: str) -> str:
 
 def answer(entry: Entry) -> str:
     """A question's answer: its verdict as words, then the headline's numbers."""
+    if entry["verdict"] == ERROR:
+        return f"Not answered: {entry['error']}"
     words = ANSWER_WORDS.get(entry["id"], {}).get(entry["verdict"], entry["verdict"])
     rest = strip_verdict(entry.get("headline", ""), entry["verdict"]).replace("—", "none")
     return f"{words} ({rest})" if rest else words
@@ -256,10 +258,14 @@ def takeaways(entries: list[Entry]) -> list[dict[str, Any]]:
     by_id = {x["id"]: x for x in entries}
     out = []
     for key, question, sources, build in TAKEAWAYS:
-        try:
-            sentences = build(by_id)
-        except (KeyError, ValueError, TypeError, IndexError, ZeroDivisionError, AttributeError):
-            sentences = []
+        failed = [s for s in sources if by_id.get(s, {}).get("verdict") == ERROR]
+        if failed:  # an answer is never built around a failed rule
+            sentences = [f"Not answered: the rule{'s' if len(failed) > 1 else ''} of "
+                         f"{', '.join(failed)} failed (the error is shown there)."]
+        elif any(s not in by_id for s in sources):
+            sentences = []  # said below: the report lacks what this answer is built from
+        else:
+            sentences = build(by_id)  # a bug here fails the report: it is not an answer
         if not sentences:
             sentences = [f"This report lacks the measurements to answer this "
                          f"({', '.join(sources)})."]

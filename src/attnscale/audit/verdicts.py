@@ -14,6 +14,26 @@ from typing import Any
 
 SUPPORTED, REFUTED, DEPENDS, INCONCLUSIVE = "supported", "refuted", "depends", "inconclusive"
 VERDICTS = (SUPPORTED, REFUTED, DEPENDS, INCONCLUSIVE)
+# Not a verdict: the rule raised, its evidence is missing, or its figure failed to draw. The page
+# shows the exception, report.json lists it under "errors" and `attnscale report` exits 1.
+ERROR = "error"
+
+
+class MissingEvidence(LookupError):
+    """Evidence a rule needs was not measured (for example every run of an arm failed).
+
+    Raised by evidence collection and by rules, with a message naming what is missing; the
+    report shows it as an error, never as a verdict."""
+
+
+def failure(e: BaseException) -> str:
+    """An exception as the page and report.json name it: missing evidence, or a bug."""
+    if isinstance(e, MissingEvidence):
+        return f"missing evidence: {e}"
+    if isinstance(e, KeyError):
+        return f"missing evidence or a bug: no key {e}"
+    return f"a bug: {type(e).__name__}: {e}"
+
 
 Evidence = dict[str, Any]
 

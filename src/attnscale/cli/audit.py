@@ -14,7 +14,7 @@ from attnscale.lab.executors import EXECUTORS
 from attnscale.util.validate import check_choice, check_output_file, check_output_folder
 
 VERDICT_COLORS = {"supported": "green", "refuted": "red", "depends": "yellow",
-                  "inconclusive": "bright_black"}
+                  "inconclusive": "bright_black", "error": "bold white on red"}
 
 
 @app.command()
@@ -62,6 +62,10 @@ def report(
         result = R.build_report(preset, out, db, executor, workers, address,
                                 say=bars.console.log, progress=progress, seed_offset=seed_offset)
     print_verdicts(result, preset, out)
+    if result["errors"]:  # the page and report.json are written, with the errors shown
+        for e in result["errors"]:
+            console.print(f"[bold red]error[/] {e['id']} ({e['where']}): {escape(e['error'])}")
+        raise typer.Exit(1)
 
 
 def print_verdicts(result: dict[str, Any], preset: str, out: str) -> None:

@@ -19,12 +19,17 @@
 // strides over the leading dimensions (dy keeps the layout SDPA's backward gave it) but a unit
 // stride along the row. Sums run in the input precision (float32 or float64) over vector
 // lanes, then across lanes. Rows are split over PyTorch's intra-op threads (at::parallel_for).
-// ATen and torch's pybind11 casters, not <torch/extension.h>: that one also pulls in the whole
-// C++ frontend (torch::nn, torch::optim) and more than doubles the compile time (46 s -> 20 s).
-#include <ATen/ATen.h>
+// The Tensor class and only the operators used (ATen's per-operator headers), with torch's
+// pybind11 casters, not <torch/extension.h>: that one also pulls in every operator and the
+// whole C++ frontend (torch::nn, torch::optim). Headers alone: 25 s -> 8 s of compile time.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/Dispatch.h>
+#include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
