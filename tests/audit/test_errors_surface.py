@@ -134,3 +134,10 @@ def test_missing_runs_names_each_cell_arm_and_seed_without_a_finished_run():
     assert missing_runs(study, [*complete[:3], run("scaled_dot", 2, "failed")]) == [
         "s: d_model=32 scaled_dot seed 2"]
     assert missing_runs(study, [*complete[:3], run("scaled_dot", 2, "diverged")]) == []
+
+
+def test_a_listed_figure_missing_from_disk_fails_the_page(tmp_path):
+    entry = {**render.judge(claim(fine), {"x": 1.0}),
+             "figures": [{"path": str(tmp_path / "gone.png"), "alt": "a figure"}]}
+    with pytest.raises(FileNotFoundError, match=r"gone\.png"):
+        render.render_html(page_report([entry], []), "")
