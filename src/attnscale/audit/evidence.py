@@ -204,11 +204,10 @@ def missing_runs(study: Study, runs: list[Run]) -> list[str]:
     """Each (cell, arm, seed) of ``study``'s reported seeds with no finished run (done or
     diverged): an arm missing there would silently leave a comparison out of its rule's family,
     so the claims it feeds are reported as errors instead (``MissingEvidence``)."""
-    done = {(cell_label(cell), arm, r["config"]["seed"]) for r in analysis.finished(runs)
-            for cell in cells(study) for arm in study.arms if in_cell(r, cell, arm)}
-    return [f"{study.name}: {label} {arm} seed {seed}" for cell in cells(study)
-            for label in [cell_label(cell)] for arm in study.arms for seed in study.seeds
-            if (label, arm, seed) not in done]
+    finished = analysis.finished(runs)
+    return [f"{study.name}: {cell_label(cell)} {arm} seed {seed}"
+            for cell in cells(study) for arm in study.arms for seed in study.seeds
+            if not any(in_cell(r, cell, arm) and r["config"]["seed"] == seed for r in finished)]
 
 
 def collect_evidence(studies: dict[str, Study], runs: Runs,
