@@ -223,3 +223,12 @@ def test_the_project_stands_alone():
             if any(s in line for s in OUTSIDE) or issue.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:80]}")
     assert not found, found
+
+
+def test_the_command_line_starts_without_the_slow_imports():
+    """``attnscale --help`` (and every command's argument check) imports neither scipy.stats
+    (about 2 s) nor torch._dynamo (about 1 s): their users import them on first use."""
+    code = ("import sys, attnscale.cli; print(sorted(m for m in ('scipy.stats', 'scipy.special', "
+            "'torch._dynamo', 'transformers', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

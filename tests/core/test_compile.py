@@ -97,6 +97,19 @@ def test_every_score_compiles_into_one_graph_and_matches_eager(score):
         torch.testing.assert_close(compiled[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_the_kernels_carry_the_mark_assume_constant_result_sets():
+    """cppext.constant_to_compile sets, without importing Dynamo, the mark Dynamo reads: the
+    same attributes as torch.compiler.assume_constant_result on a fresh function."""
+    def fresh() -> bool:
+        return True
+
+    marked = torch.compiler.assume_constant_result(fresh)
+    public = {k: v for k, v in vars(marked).items()}
+    assert public, "assume_constant_result no longer marks the function: update cppext"
+    for fn in (native.kernel_built, native_rows.kernel_built):
+        assert {k: vars(fn).get(k) for k in public} == public
+
+
 def test_a_compiled_call_runs_the_kernels_and_its_second_call_does_not_recompile():
     """The compiled soft-capped call takes the native path (its note is replayed after the
     graph), and the same shapes again reuse the graph."""

@@ -67,7 +67,7 @@ def row_kernel() -> ModuleType | None:
     return KERNEL.module()
 
 
-@torch.compiler.assume_constant_result
+@cppext.constant_to_compile
 def kernel_built() -> bool:
     """Whether the kernel is built, building or loading it now if it has not been. Constant to
     torch.compile: Dynamo calls it while tracing instead of tracing the build (which it cannot),

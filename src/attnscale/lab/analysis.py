@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scipy import stats
+import scipy  # its submodules load on first use (scipy.stats alone takes ~2 s to import)
 
 from attnscale.core.scores import SCORES
 from attnscale.lab.store import FINISHED
@@ -135,7 +135,7 @@ def mean_ci(values: Iterable[float | None], confidence: float = 0.95) -> MeanCI:
     if len(xs) < 2:
         return MeanCI(mean, None, None, len(xs))
     sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
-    hw = float(stats.t.ppf(0.5 + confidence / 2, len(xs) - 1)) * sd / math.sqrt(len(xs))
+    hw = float(scipy.stats.t.ppf(0.5 + confidence / 2, len(xs) - 1)) * sd / math.sqrt(len(xs))
     return MeanCI(mean, mean - hw, mean + hw, len(xs))
 
 

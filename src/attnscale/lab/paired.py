@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats
+import scipy  # its submodules load on first use (scipy.stats alone takes ~2 s to import)
 
 from attnscale.util.validate import check_choice, check_float
 
@@ -95,11 +95,11 @@ def paired_effect(
         # and the two-sided p-value is the exact sign test's
         return Effect(mean, mean, mean, n, min(1.0, 2 * 0.5**n) if mean else 1.0,
                       confidence, method)
-    p = float(stats.ttest_1samp(d, 0.0).pvalue)
+    p = float(scipy.stats.ttest_1samp(d, 0.0).pvalue)
     if method == "t":
-        half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+        half = float(scipy.stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
         return Effect(mean, mean - half, mean + half, n, p, confidence, method)
-    res = stats.bootstrap((d,), np.mean, confidence_level=confidence, n_resamples=9999,
+    res = scipy.stats.bootstrap((d,), np.mean, confidence_level=confidence, n_resamples=9999,
                           method="BCa", random_state=np.random.default_rng(seed))
     low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
     return Effect(mean, low, high, n, p, confidence, method)
@@ -138,7 +138,7 @@ def reading_pvalues(a: Mapping[Any, float], b: Mapping[Any, float],
                 LESS: sign_p if m < -smallest else 1.0,
                 EQUAL: sign_p if abs(m) < smallest else 1.0}
     def one_sided(popmean: float, alternative: str) -> float:
-        return float(stats.ttest_1samp(d, popmean, alternative=alternative).pvalue)
+        return float(scipy.stats.ttest_1samp(d, popmean, alternative=alternative).pvalue)
     return {GREATER: one_sided(smallest, "greater"), LESS: one_sided(-smallest, "less"),
             EQUAL: max(one_sided(-smallest, "greater"), one_sided(smallest, "less"))}
 
@@ -182,7 +182,7 @@ def holm_interval(a: Mapping[Any, float], b: Mapping[Any, float], p: float, p_ho
     level = 1 - 2 * alpha
     if no_spread(d) or alpha <= 0:
         return (mean, mean, level) if no_spread(d) else (-math.inf, math.inf, level)
-    half = float(stats.t.ppf(1 - alpha, n - 1)) * float(d.std(ddof=1)) / math.sqrt(n)
+    half = float(scipy.stats.t.ppf(1 - alpha, n - 1)) * float(d.std(ddof=1)) / math.sqrt(n)
     return mean - half, mean + half, level
 
 

@@ -11,8 +11,8 @@ temperature it initializes (:mod:`attnscale.core.learned`).
 from __future__ import annotations
 
 import numpy as np
+import scipy  # its submodules load on first use (scipy.stats alone takes ~2 s to import)
 from numpy.typing import ArrayLike
-from scipy import special
 
 from attnscale.core.learned import qknorm_g0
 from attnscale.util.validate import check_array, check_int
@@ -71,7 +71,7 @@ def cosine_logit_pdf(x: ArrayLike, d: int):
     x = check_array("x", x)
     inside = np.abs(x) < 1.0
     xs = np.where(inside, x, 0.0)
-    log_f = 0.5 * (d - 3.0) * np.log1p(-xs * xs) - special.betaln(0.5, 0.5 * (d - 1.0))
+    log_f = 0.5 * (d - 3.0) * np.log1p(-xs * xs) - scipy.special.betaln(0.5, 0.5 * (d - 1.0))
     return _out(np.where(inside, np.exp(log_f), 0.0))
 
 

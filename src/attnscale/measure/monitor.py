@@ -142,6 +142,11 @@ class Monitor:
         # its compiled graphs handed over (a tensor the recording operator updates in place).
         self.key = calls.register_monitor(self)
         self.compiled_calls = torch.zeros((), dtype=torch.int64)
+        # record: a graph break under torch.compile, since traced, the monitor's Python state
+        # (call counters, the accumulators created on first use) would become guards that fail
+        # on every next call. Disabled here rather than by a decorator on the class, which
+        # would import Dynamo (about 1 s) in every process that imports the monitor.
+        self.record = torch.compiler.disable(self._record)
 
     # -- public -------------------------------------------------------------------------------
 
@@ -199,12 +204,9 @@ class Monitor:
 
     # -- recording ----------------------------------------------------------------------------
 
-    # Under torch.compile a graph break: traced, the monitor's Python state (call counters, the
-    # accumulators created on first use) would become guards that fail on every next call.
-    @torch.compiler.disable
-    def record(self, module: nn.Module, q: Tensor, k: Tensor, call: dict[str, Any]) -> None:
+    def _record(self, module: nn.Module, q: Tensor, k: Tensor, call: dict[str, Any]) -> None:
         """Add one attention call: q (B, H, N, d), k (B, Hkv, N, d), ``call`` the keyword
-        arguments of :func:`attnscale.attention` that the model used."""
+        arguments of :func:`attnscale.attention` that the model used (as ``self.record``)."""
         name = self._sampled(id(module))
         if name is not None:
             self._add(name, q, k, call, measured={})

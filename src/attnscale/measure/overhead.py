@@ -58,8 +58,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import scipy  # its submodules load on first use (scipy.stats alone takes ~2 s to import)
 import torch
-from scipy import stats
 
 from attnscale.core.attention import attention
 from attnscale.core.scores import get_score
@@ -123,7 +123,7 @@ def log_ratio_interval(
         raise ValueError("times: every time must be > 0")
     logs = np.log(a / b)
     m, se = float(logs.mean()), float(logs.std(ddof=1) / math.sqrt(logs.size))
-    t = float(stats.t.ppf((1 + level) / 2, logs.size - 1))
+    t = float(scipy.stats.t.ppf((1 + level) / 2, logs.size - 1))
     return {"ratio": math.exp(m), "lo": math.exp(m - t * se), "hi": math.exp(m + t * se),
             "se_log": se, "half_width": math.expm1(t * se)}
 

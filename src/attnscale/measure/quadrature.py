@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
+import scipy  # its submodules load on first use (scipy.stats alone takes ~2 s to import)
 from numpy.polynomial import legendre
 from numpy.typing import ArrayLike
-from scipy import special, stats
-from scipy.linalg import eigh_tridiagonal
 
 from attnscale.util.validate import check_choice, check_float, check_int
 
@@ -126,16 +125,16 @@ def gaussian_logits(s: float, n: int) -> LogitDistribution:
     """
     s = check_float("s", s, low=0.0)
     n = check_int("n", n)
-    hi = s * stats.norm.isf(1e-14 / n)
-    q_n = s * stats.norm.ppf(math.exp(math.log(1e-14) / n))
-    lo = max(q_n - math.log(n) - 32.0, -s * stats.norm.isf(1e-16))
+    hi = s * scipy.stats.norm.isf(1e-14 / n)
+    q_n = s * scipy.stats.norm.ppf(math.exp(math.log(1e-14) / n))
+    lo = max(q_n - math.log(n) - 32.0, -s * scipy.stats.norm.isf(1e-16))
     panels = max(1, math.ceil((hi - lo) / min(_PANEL, s)))
     return panel_logits(
         lambda v: v,
-        lambda v: stats.norm.pdf(v / s) / s,
+        lambda v: scipy.stats.norm.pdf(v / s) / s,
         np.linspace(lo, hi, panels + 1),
         atom=lo,
-        atom_mass=float(stats.norm.cdf(lo / s)),
+        atom_mass=float(scipy.stats.norm.cdf(lo / s)),
         smooth_scale=s,
     )
 
@@ -154,7 +153,8 @@ def cosine_logits(d: int, tau: float, n: int = 1) -> LogitDistribution:
     n = check_int("n", n)
     half = min(math.pi / 2, 9.5 / math.sqrt(max(d - 2.0, 1.0)))
     lo, hi = math.pi / 2 - half, math.pi / 2 + half
-    log_norm = 0.5 * math.log(math.pi) + special.gammaln((d - 1) / 2) - special.gammaln(d / 2)
+    gammaln = scipy.special.gammaln
+    log_norm = 0.5 * math.log(math.pi) + gammaln((d - 1) / 2) - gammaln(d / 2)
     width = min(0.5, _PANEL / tau, 1.0 / math.sqrt(max(d - 2.0, 1.0)))
     edges = np.linspace(lo, hi, math.ceil((hi - lo) / width) + 1)
     if hi == math.pi and n > 1:
@@ -340,7 +340,7 @@ def _gauss_from_discrete(x: np.ndarray, w: np.ndarray, m: int) -> tuple[np.ndarr
             u -= basis[: k + 1].T @ (basis[: k + 1] @ u)
         off[k] = np.linalg.norm(u)
         basis[k + 1] = u / off[k]
-    nodes, vectors = eigh_tridiagonal(diag, off)
+    nodes, vectors = scipy.linalg.eigh_tridiagonal(diag, off)
     weights = vectors[0] ** 2
     return nodes, weights / weights.sum()
 
@@ -353,12 +353,13 @@ def chi_rule(d: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     Laguerre) integrates badly for small d. Built from a 1200-point panel discretisation of the
     chi density over its 1e-18 quantiles.
     """
-    lo, hi = stats.chi.ppf(1e-18, d), stats.chi.isf(1e-18, d)
+    lo, hi = scipy.stats.chi.ppf(1e-18, d), scipy.stats.chi.isf(1e-18, d)
     xi, om = legendre.leggauss(20)
     edges = np.linspace(lo, hi, 61)
     mid, half = 0.5 * (edges[1:] + edges[:-1]), 0.5 * (edges[1:] - edges[:-1])
     r = mid[:, None] + half[:, None] * xi[None, :]
-    return _gauss_from_discrete(r.ravel(), (half[:, None] * om * stats.chi.pdf(r, d)).ravel(), m)
+    weights = half[:, None] * om * scipy.stats.chi.pdf(r, d)
+    return _gauss_from_discrete(r.ravel(), weights.ravel(), m)
 
 
 def default_chi_nodes(d: int) -> int:

@@ -31,7 +31,7 @@ import subprocess
 import sysconfig
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -48,6 +48,19 @@ CHOICES = (*FLAGS, "off")
 # (stem, isa) -> (where the loaded module came from: "installed", "cache" or "built"; why the
 # installed build was not used, or "")
 ORIGINS: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def constant_to_compile(fn: Callable[[], bool]) -> Callable[[], bool]:
+    """``fn`` marked as :func:`torch.compiler.assume_constant_result` marks it: Dynamo calls it
+    while tracing and bakes the result in, instead of tracing it.
+
+    The same mark the public decorator sets (torch/_dynamo/decorators.py), set without
+    importing Dynamo, which the decorator does and which costs about 1 s of every process's
+    start (``attnscale --help``, each sweep worker); tests/core/test_compile.py checks that the
+    two marks agree.
+    """
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
 
 
 def target_isa() -> str | None:
