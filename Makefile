@@ -35,9 +35,13 @@ $(STAMP): pyproject.toml constraints.txt setup.py $(KERNELS) | $(BIN)/python
 	$(BIN)/attnscale kernels
 	touch $(STAMP)
 
+# One worker more than cores: about a fifth of the suite's wall time is spent waiting (Ray
+# starting, subprocesses, a build being killed), which a third worker fills (2 workers kept
+# 2 cores ~79% busy). WORKERS=auto gives one per core.
+WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 # Every hypothesis property test with the fuzz profile (many more examples) and a fresh random
 # seed, printed first so that a failure can be replayed with SEED=<seed> make fuzz.

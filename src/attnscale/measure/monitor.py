@@ -146,7 +146,7 @@ class Monitor:
         # (call counters, the accumulators created on first use) would become guards that fail
         # on every next call. Disabled here rather than by a decorator on the class, which
         # would import Dynamo (about 1 s) in every process that imports the monitor.
-        self.record = torch.compiler.disable(self._record)
+        self.record = torch.compiler.disable(self.record)
 
     # -- public -------------------------------------------------------------------------------
 
@@ -204,9 +204,10 @@ class Monitor:
 
     # -- recording ----------------------------------------------------------------------------
 
-    def _record(self, module: nn.Module, q: Tensor, k: Tensor, call: dict[str, Any]) -> None:
+    def record(self, module: nn.Module, q: Tensor, k: Tensor, call: dict[str, Any]) -> None:
         """Add one attention call: q (B, H, N, d), k (B, Hkv, N, d), ``call`` the keyword
-        arguments of :func:`attnscale.attention` that the model used (as ``self.record``)."""
+        arguments of :func:`attnscale.attention` that the model used. Not traced by torch.compile
+        (``__init__``)."""
         name = self._sampled(id(module))
         if name is not None:
             self._add(name, q, k, call, measured={})
