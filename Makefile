@@ -35,10 +35,9 @@ $(STAMP): pyproject.toml constraints.txt setup.py $(KERNELS) | $(BIN)/python
 	$(BIN)/attnscale kernels
 	touch $(STAMP)
 
-# One worker more than cores: about a fifth of the suite's wall time is spent waiting (Ray
-# starting, subprocesses, a build being killed), which a third worker fills (2 workers kept
-# 2 cores ~79% busy). WORKERS=auto gives one per core.
-WORKERS ?= 3
+# One worker per core: a third worker on 2 cores was slower (pytest 8:39 against 7:40 on a
+# fresh clone), although two keep the cores only ~79% busy.
+WORKERS ?= auto
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
