@@ -104,7 +104,7 @@ def test_the_kernels_carry_the_mark_assume_constant_result_sets():
         return True
 
     marked = torch.compiler.assume_constant_result(fresh)
-    public = {k: v for k, v in vars(marked).items()}
+    public = dict(vars(marked))
     assert public, "assume_constant_result no longer marks the function: update cppext"
     for fn in (native.kernel_built, native_rows.kernel_built):
         assert {k: vars(fn).get(k) for k in public} == public
