@@ -59,7 +59,6 @@ LONGEST_FIRST = (
     "tests/audit/test_report.py",  # 120
     "tests/measure/test_monitor.py",  # 85
     "tests/test_cli.py",  # 75
-    "tests/audit/test_report_ray.py",  # 55
 )
 
 
@@ -71,6 +70,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.property)
     rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def run_cache(tmp_path_factory) -> Path:
+    """$ATTNSCALE_CACHE for this test run: one folder the xdist workers share (so the explorer's
+    theory grids are computed once per run, not once per worker), new on every run (so no
+    earlier run's values are read)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "attnscale-cache"
+    folder.mkdir(exist_ok=True)
+    os.environ["ATTNSCALE_CACHE"] = str(folder)
+    return folder
 
 
 @pytest.fixture
@@ -94,10 +105,11 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
-    """A real Ray cluster from ``ray start --head --block`` (2 CPUs) that belongs to this test
-    alone; yields its address ``127.0.0.1:port``. Skips when ray is not installed.
+    """A real Ray cluster from ``ray start --head --block`` (2 CPUs) that belongs to the tests
+    of one module (a start and stop take ~25 s, so a module's tests share one); yields its
+    address ``127.0.0.1:port``. Skips when ray is not installed.
 
     Every port it listens on is a free one, it binds to loopback and keeps its session files
     in its own folder, and it is stopped by signalling its own process group: ``ray stop``

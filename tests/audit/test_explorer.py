@@ -272,3 +272,22 @@ def test_no_network_requests(small: dict, tmp_path) -> None:
 def test_nonfinite_data_is_refused() -> None:
     with pytest.raises(ValueError, match="non-finite"):
         ex._round([1.0, float("nan")])
+
+
+def test_theory_grids_are_cached_on_disk_under_their_code(tmp_path, monkeypatch) -> None:
+    """A grid another process computed is read from the disk cache and equals a fresh
+    computation; a change to the code that computes it gives it a new key."""
+    monkeypatch.setenv("ATTNSCALE_CACHE", str(tmp_path))
+    ns, ms = (8, 16), (4,)
+    fresh_gauss, fresh_cosine = ex._compute_gauss_grid(ns), ex._compute_cosine_grid(ms, ns)
+    ex._gauss_grid.__wrapped__(ns)
+    ex._cosine_grid.__wrapped__(ms, ns)
+    files = sorted(p.name for p in tmp_path.glob("explorer-*.json"))
+    assert len(files) == 2
+    monkeypatch.setattr(ex, "_compute_gauss_grid", lambda ns: pytest.fail("recomputed"))
+    monkeypatch.setattr(ex, "_compute_cosine_grid", lambda ms, ns: pytest.fail("recomputed"))
+    assert ex._gauss_grid.__wrapped__(ns) == fresh_gauss
+    assert ex._cosine_grid.__wrapped__(ms, ns) == fresh_cosine
+    key = ex._grid_key(ns=ns)
+    monkeypatch.setattr(ex.diskcache, "source_digest", lambda *paths: "edited")
+    assert ex._grid_key(ns=ns) != key

@@ -28,7 +28,8 @@ Everything the page knows about a score comes from its registry entry
 
 The theory grids (``gauss``: n i.i.d. N(0, s²) logits, s = 0 and 1/16..64 at three points per
 octave, per n = 2^k on the slider; ``cosine``: t·cos in m dims for every m the scores need,
-t = 0.25..32 at two points per octave) are computed here once (about 10 s, cached) and the page
+t = 0.25..32 at two points per octave) are computed here once per machine (25-35 s on 2 cores;
+kept by :mod:`attnscale.util.diskcache`, keyed by the code that computes them) and the page
 interpolates them with natural cubic splines. Public API: :func:`explorer_data`,
 :func:`render_explorer`, :func:`standalone_page` and :func:`page_scores`; the headless-browser
 check of the page lives with the tests.
@@ -37,6 +38,7 @@ check of the page lives with the tests.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 from functools import cache
@@ -48,7 +50,9 @@ import torch
 from jinja2 import Environment, FileSystemLoader
 
 from attnscale.core.scores import SCORES, Score
+from attnscale.measure import cosine_theory, quadrature
 from attnscale.measure import theory as th
+from attnscale.util import diskcache
 from attnscale.util.validate import check_int
 
 __all__ = [
@@ -82,6 +86,7 @@ DEFAULTS = {"d": 64, "n": 512, "score": "scaled_dot", "seed": 1}
 
 _SIG = 9  # significant digits kept in the embedded JSON
 _QUANTITIES = ("entropy", "max_weight", "participation", "jacobian_sq")
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,8 +170,28 @@ def _round(x: Any) -> Any:
     return float(f"{v:.{_SIG}g}")
 
 
+def _grid_key(**args: Any) -> dict[str, Any]:
+    """What a theory grid depends on: its arguments and the code that computes it."""
+    code = [th.__file__, quadrature.__file__, cosine_theory.__file__, __file__]
+    return {**args, "schema": SCHEMA, "code": diskcache.source_digest(*code),
+            "numpy": np.__version__}
+
+
 @cache
 def _gauss_grid(ns: tuple[int, ...]) -> dict[str, list]:
+    """:func:`_compute_gauss_grid`, computed once per machine (:mod:`attnscale.util.diskcache`)."""
+    return diskcache.cached_json("explorer-gauss", _grid_key(ns=ns),
+                                 lambda: _compute_gauss_grid(ns), log)
+
+
+@cache
+def _cosine_grid(ms: tuple[int, ...], ns: tuple[int, ...]) -> dict[str, list]:
+    """:func:`_compute_cosine_grid`, computed once per machine."""
+    return diskcache.cached_json("explorer-cosine", _grid_key(ms=ms, ns=ns),
+                                 lambda: _compute_cosine_grid(ms, ns), log)
+
+
+def _compute_gauss_grid(ns: tuple[int, ...]) -> dict[str, list]:
     """Exact REM statistics for n i.i.d. N(0, s²) logits on ``GAUSS_S``, one row per n."""
     s = np.asarray(GAUSS_S)
     rows: dict[str, list] = {q: [] for q in _QUANTITIES}
@@ -178,8 +203,7 @@ def _gauss_grid(ns: tuple[int, ...]) -> dict[str, list]:
     return {"s": _round(GAUSS_S), **{q: _round(v) for q, v in rows.items()}}
 
 
-@cache
-def _cosine_grid(ms: tuple[int, ...], ns: tuple[int, ...]) -> dict[str, list]:
+def _compute_cosine_grid(ms: tuple[int, ...], ns: tuple[int, ...]) -> dict[str, list]:
     """Exact t·cos statistics in m dims, indexed [m][n][t] on ``COSINE_TAUS``."""
     out: dict[str, list] = {q: [] for q in _QUANTITIES}
     for m in ms:
@@ -217,8 +241,8 @@ def explorer_data(
     n: entropy, max_weight, participation = E Σp², jacobian_sq = E‖J‖_F², from
     :func:`attnscale.measure.theory.expected_entropy` etc.), ``cosine`` (tau, m, and per
     [m][n][t] the same four), ``chi`` (Gauss rule r, w in ‖q‖ per d), ``defaults``, ``schema``.
-    All numbers are rounded to 9 significant digits. The grids take ~10 s on one core the first
-    time; later calls reuse them.
+    All numbers are rounded to 9 significant digits. The grids take 25-35 s the first time on
+    a machine; later calls and processes reuse them (:mod:`attnscale.util.diskcache`).
     """
     ns, ds = _powers(tuple(n_exps), "n_exps"), _powers(tuple(d_exps), "d_exps")
     scores = {name: _score_spec(SCORES[name], ds, ns) for name in page_scores()}
