@@ -25,8 +25,9 @@ from attnscale.measure import theory
 Run = Mapping[str, Any]
 Runs = dict[str, list[dict[str, Any]]]  # study name -> its finished runs
 
-# Wortsman et al. 2023's instability markers: attention logits past 1e4, or a final loss more
-# than 1 nat above the best any run reached in the same setting.
+# Wortsman et al. 2023's marker of logit growth (reported beside instability, not counted as
+# it: a run can pass it and train on), and how far a loss must climb above its own lowest
+# logged value, and stay there, to count as a blow-up.
 LOGIT_LIMIT = 1e4
 LOSS_MARGIN = 1.0
 
@@ -83,13 +84,17 @@ def seed_curves(runs: list[Run]) -> dict[int, dict[float, float]]:
     return out
 
 
-def unstable(run: Run, best: float) -> bool:
-    """Wortsman's instability: max |logit| past :data:`LOGIT_LIMIT` at any logged step, a
-    divergence, or a final loss above best + :data:`LOSS_MARGIN`."""
-    peak = analysis.peak_max_logit(run)
+def unstable(run: Run) -> bool:
+    """Real instability: the run diverged, ended without a finite loss, or its loss blew up and
+    did not come back (the final loss more than :data:`LOSS_MARGIN` above the lowest loss it
+    logged). An under-trained run, slow at a small LR, is not unstable however high its loss,
+    and neither is a large logit alone (:data:`LOGIT_LIMIT` is reported on its own)."""
     loss = run.get("final_loss")
-    return (run.get("status") == "diverged" or (peak is not None and peak > LOGIT_LIMIT)
-            or loss is None or not math.isfinite(loss) or loss > best + LOSS_MARGIN)
+    if run.get("status") == "diverged" or loss is None or not math.isfinite(loss):
+        return True
+    logged = [float(row["loss"]) for row in run.get("history") or []
+              if row.get("loss") is not None and math.isfinite(row["loss"])]
+    return float(loss) > min([*logged, float(loss)]) + LOSS_MARGIN
 
 
 def final_logit(run: Run) -> float:
@@ -101,28 +106,36 @@ def final_logit(run: Run) -> float:
     return float(curve[-1][1])
 
 
-def lr_sweep_arm(runs: list[Run], best: float) -> dict[str, Any]:
-    """One arm at one width over the LR grid: per seed, LR sensitivity (mean over the grid of
-    c(η) − min c) and the fraction of LRs that were unstable; per LR, the mean clipped loss,
-    every seed's final max |logit| (inf when diverged), the mean peak max |logit| and the
-    unstable fraction; max |logit| against step."""
+def lr_sweep_arm(runs: list[Run], reference: Mapping[int, float]) -> dict[str, Any]:
+    """One arm at one width over the LR grid. Per seed s, LR sensitivity against the shared
+    reference: mean over the grid of the clipped loss c(η) minus ``reference[s]``, the lowest
+    clipped loss any arm reached on seed s at this width, so a difference of two arms'
+    sensitivities is exactly the difference of their mean clipped losses over the grid (each
+    arm's own best would reward an arm for a deep minimum at one LR); and the fraction of LRs
+    that were :func:`unstable`. Per LR: the mean clipped loss, every seed's final max |logit|
+    (inf when diverged), the mean peak max |logit| and the unstable fraction; the counts of
+    runs, divergences and runs past :data:`LOGIT_LIMIT`; max |logit| against step."""
     curves = seed_curves(runs)
-    sens = {str(s): sum(c.values()) / len(c) - min(c.values()) for s, c in curves.items()}
+    sens = {str(s): sum(c.values()) / len(c) - reference[s] for s, c in curves.items()}
     by_seed: dict[str, list[bool]] = {}
     by_lr: dict[float, list[Run]] = {}
     for r in runs:
-        by_seed.setdefault(str(r["config"]["seed"]), []).append(unstable(r, best))
+        by_seed.setdefault(str(r["config"]["seed"]), []).append(unstable(r))
         by_lr.setdefault(float(r["config"]["lr"]), []).append(r)
     def peak(rs: list[Run]) -> float | None:
         xs = [max(v for _, v in c) for c in map(analysis.max_logit_curve, rs) if c]
         return float(np.mean(xs)) if xs else None
+    peaks = [analysis.peak_max_logit(r) for r in runs]
     return {"sensitivity": sens,
             "unstable": {s: sum(u) / len(u) for s, u in by_seed.items()},
+            "n_runs": len(runs),
+            "n_diverged": sum(r.get("status") == "diverged" for r in runs),
+            "n_past_logit_limit": sum(p is not None and p > LOGIT_LIMIT for p in peaks),
             "loss_by_lr": {str(k): v for k, v in analysis.loss_by_lr(runs).items()},
             "final_logit_by_lr": {str(k): {str(r["config"]["seed"]): final_logit(r) for r in v}
                                   for k, v in sorted(by_lr.items())},
             "peak_logit_by_lr": {str(k): peak(v) for k, v in sorted(by_lr.items())},
-            "unstable_by_lr": {str(k): float(np.mean([unstable(r, best) for r in v]))
+            "unstable_by_lr": {str(k): float(np.mean([unstable(r) for r in v]))
                                for k, v in sorted(by_lr.items())},
             "logit_curves": {str(k): analysis.max_logit_curve(v[0]) for k, v in
                              sorted(by_lr.items())}}
@@ -130,16 +143,19 @@ def lr_sweep_arm(runs: list[Run], best: float) -> dict[str, Any]:
 
 def lr_text_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
     """C6, C11, C12, Q1: per width, each arm's LOO-chosen clipped loss per seed and its LR
-    sweep (:func:`lr_sweep_arm`)."""
+    sweep (:func:`lr_sweep_arm`, against the width's shared per-seed reference)."""
     sweep: dict[str, Any] = {}
     for cell in cells(study):
         mine = [r for r in runs if r["config"]["seed"] in study.seeds
                 and all(r["config"].get(k) == v for k, v in cell)]
-        best = min(clipped(mine).values(), default=None)
-        if best is None:  # nothing measured in this cell
+        reference: dict[int, float] = {}  # per seed, the lowest clipped loss of any arm
+        for arm in study.arms:
+            for (_, seed), c in clipped(r for r in mine if r.get("variant") == arm).items():
+                reference[seed] = min(c, reference.get(seed, math.inf))
+        if not reference:  # nothing measured in this cell
             continue
         sweep[cell_label(cell)] = {
-            arm: lr_sweep_arm([r for r in mine if r.get("variant") == arm], best)
+            arm: lr_sweep_arm([r for r in mine if r.get("variant") == arm], reference)
             for arm in study.arms if any(r.get("variant") == arm for r in mine)}
     return {"loss": arms_table(study, runs), "sweep": sweep, "lrs": list(study.lrs),
             "n": study.base["seq_len"], "logit_limit": LOGIT_LIMIT, "loss_margin": LOSS_MARGIN}

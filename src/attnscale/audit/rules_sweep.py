@@ -1,8 +1,11 @@
 """The rules the LR sweep at two widths decides (C11, C12, Q1), in the style of Wortsman et al.
-2023 (arXiv 2309.14322): per seed, LR sensitivity (mean over the grid of the clipped loss
-above its minimum) and the fraction of the grid that was unstable (max |logit| > 1e4, a
-divergence, or a final loss more than 1 nat above the best run at that width). Comparisons are
-paired per seed and Holm-corrected (:mod:`attnscale.audit.compare`).
+2023 (arXiv 2309.14322): per seed, LR sensitivity against a shared reference (mean over the
+grid of the clipped loss, minus the lowest clipped loss any arm reached on that seed and width:
+two arms' difference is the difference of their grid means, where Wortsman's own-best
+reference would reward the deeper single minimum) and the fraction of the grid that was
+unstable (a divergence, or a loss that blew up and stayed more than 1 nat above its own low;
+never under-training, never a large logit alone). Comparisons are paired per seed and
+Holm-corrected (:mod:`attnscale.audit.compare`).
 """
 
 from __future__ import annotations
@@ -51,9 +54,10 @@ def excess(ev: Evidence, key: str, arm: str = "dot") -> dict[str, Any]:
 
 
 C11_RULE = ("LR sweep at two widths, GPT-2 init. Per width, paired "
-            "per-seed differences dot − scaled_dot of LR sensitivity (smallest effect 0.02 "
-            "nats) and of the unstable fraction of the grid (smallest effect 0.6/|grid|: one "
-            "more unstable LR is real); and "
+            "per-seed differences dot − scaled_dot of LR sensitivity (mean clipped loss over "
+            "the grid above a reference shared by both arms; smallest effect 0.02 nats) and "
+            "of the unstable fraction of the grid (divergence, or a loss that blew up and "
+            "stayed up; smallest effect 0.6/|grid|: one more unstable LR is real); and "
             "the growth of the sensitivity excess from the smaller to the larger width. "
             "Supported if dot is more sensitive or more unstable at the larger width AND the "
             "sensitivity excess grows with width; refuted if dot is equal (or better) on both "
@@ -81,6 +85,24 @@ def c11_family(ev: Evidence) -> dict[str, Any]:
     return family(pairs, deltas)
 
 
+def divergence_counts(ev: Evidence) -> dict[str, int]:
+    """Over every arm and width of the sweep: runs, divergences, runs past 1e4."""
+    arms = [a for by_arm in ev["sweep"].values() for a in by_arm.values()]
+    return {"runs": sum(a.get("n_runs", 0) for a in arms),
+            "diverged": sum(a.get("n_diverged", 0) for a in arms),
+            "past": sum(a.get("n_past_logit_limit", 0) for a in arms)}
+
+
+def sweep_regime(ev: Evidence, counts: dict[str, int]) -> str:
+    """The regime line, with what the study cannot show."""
+    widths = ", ".join(w.split("=")[-1] for w in ev["sweep"])
+    line = f"{GPT2}; widths {widths}; {counts['diverged']} of {counts['runs']} runs diverged"
+    if counts["diverged"] == 0:
+        line += (", so this sweep shows logit growth and LR sensitivity, not divergence, and "
+                 "says nothing of the long runs where Wortsman et al. saw it")
+    return line
+
+
 def judge_c11(ev: Evidence) -> Verdict:
     """C11: instability and LR sensitivity of unscaled against scaled, and their growth."""
     widths = list(ev["sweep"])
@@ -100,12 +122,15 @@ def judge_c11(ev: Evidence) -> Verdict:
         verdict = INCONCLUSIVE
     peaks = {w: max((v for v in ev["sweep"][w].get("dot", {}).get("peak_logit_by_lr", {})
                      .values() if v is not None), default=math.nan) for w in widths}
+    counts = divergence_counts(ev)
     plain = [
         f"At width {widths[-1]} unscaled attention's LR sensitivity differs from scaled by "
-        f"{comps[f'{widths[-1]} sensitivity']['mean']:+.3f} nats and its unstable share of "
-        f"the grid by {comps[f'{widths[-1]} unstable']['mean']:+.2f} ({large[0]}, {large[1]}).",
+        f"{comps[f'{widths[-1]} sensitivity']['mean']:+.3f} nats (its mean loss over the grid, "
+        f"against a shared reference) and its unstable share of the grid by "
+        f"{comps[f'{widths[-1]} unstable']['mean']:+.2f} ({large[0]}, {large[1]}).",
         f"Its largest logits reach {', '.join(f'{v:.3g} (width {w})' for w, v in peaks.items())}"
-        f" against Wortsman et al.'s 1e4 marker.",
+        f"; {counts['past']} of {counts['runs']} runs passed 1e4, the growth Wortsman et al. "
+        f"saw before divergence, and {counts['diverged']} diverged.",
         f"Growth with width: {fmt_effect(comps['growth'], 'nats')}; the answer depends on the LR "
         "range one is willing to tune over."]
     grid = ", ".join(f"{x:g}" for x in ev.get("lrs", []))
@@ -113,7 +138,7 @@ def judge_c11(ev: Evidence) -> Verdict:
                    "; ".join(f"{k}: {fmt_effect(c)}" for k, c in comps.items()), comps,
                    headline=f"{verdict}: width {widths[-1]} sensitivity "
                    f"{comps[f'{widths[-1]} sensitivity']['mean']:+.3f} nats",
-                   plain=plain, regime=GPT2,
+                   plain=plain, regime=sweep_regime(ev, counts),
                    smallest=f"{LOSS_WHY}; instability: {unstable_delta(ev):.2g} of the grid, "
                    "so one more unstable LR counts")
 
@@ -174,7 +199,8 @@ def judge_c12(ev: Evidence) -> Verdict:
 
 Q1_RULE = ("The modern scores (qk_layernorm, softcap, learned-τ cosine) against scaled_dot at "
            "each width of the LR sweep: paired per-seed differences of clipped loss (LR chosen "
-           "leave-one-seed-out) and of LR sensitivity, Holm-corrected. A score 'matches with "
+           "leave-one-seed-out) and of LR sensitivity (mean clipped loss over the grid above a "
+           "reference shared by every arm), Holm-corrected. A score 'matches with "
            "lower sensitivity' if its loss reads equal or less AND its sensitivity reads less. "
            "Supported (Wortsman et al. 2023) if at every width some modern score does (not "
            "necessarily the same one); refuted if at every width every score is decided and "
@@ -212,4 +238,5 @@ def judge_q1(ev: Evidence) -> Verdict:
                                                comps.items()), comps,
                    headline=f"{verdict}: " + "; ".join(f"{w}: {', '.join(g or []) or '—'}"
                                                        for w, g in per_width.items()),
-                   plain=plain, regime=GPT2, smallest=LOSS_WHY)
+                   plain=plain, regime=sweep_regime(ev, divergence_counts(ev)),
+                   smallest=LOSS_WHY)
