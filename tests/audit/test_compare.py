@@ -92,6 +92,35 @@ def test_holm_can_undo_a_reading_that_stands_alone():
     assert C.readings(fam) == ["inconclusive"] * 3
 
 
+def test_holm_runs_only_over_the_named_families():
+    """holm_over=[["x", "y"]]: x and y share a family of two, z is read alone; [] reads every
+    comparison alone (an intersection-union rule), None one family of all."""
+    a, b = pair(6, 0.045, noise=0.01)
+    pairs = {k: (arm(a), arm(b)) for k in ("x", "y", "z")}
+    alone = C.family({"x": pairs["x"]}, DELTA)["x"]["p_holm"]
+    fam = C.family(pairs, DELTA, holm_over=[["x", "y"]])
+    assert fam["x"]["p_holm"] == pytest.approx(2 * alone, rel=1e-9)
+    assert fam["z"]["p_holm"] == pytest.approx(alone, rel=1e-9)
+    assert list(fam) == ["x", "y", "z"]
+    assert C.readings(C.family(pairs, DELTA, holm_over=[])) == ["greater"] * 3
+    assert C.readings(C.family(pairs, DELTA)) == ["inconclusive"] * 3
+    with pytest.raises(ValueError, match="holm_over"):
+        C.family(pairs, DELTA, holm_over=[["x", "w"]])
+
+
+def test_no_worse_is_non_inferiority_not_equality():
+    """An arm better by an uncertain amount is 'no worse' though its reading is not equal;
+    a worse one is not; no_better mirrors it."""
+    a, b = pair(7, -0.05, noise=0.03)
+    c = C.family({"x": (arm(a), arm(b))}, DELTA)["x"]
+    hi = stats.ttest_rel(a, b).confidence_interval(0.95).high
+    assert c["not_greater"] == (hi < DELTA) and C.no_worse(c)
+    assert c["reading"] != "equal"
+    a, b = pair(8, 0.1)
+    worse = C.family({"x": (arm(a), arm(b))}, DELTA)["x"]
+    assert not C.no_worse(worse) and C.no_better(worse)
+
+
 def test_pairing_removes_the_shared_per_seed_level():
     a, b = pair(6, 0.1, noise=0.01, spread=0.5)
     c = C.family({"x": (arm(a), arm(b))}, DELTA)["x"]

@@ -94,7 +94,10 @@ def jacobian_evidence() -> dict[str, Any]:
                        "q1": [m / 10 for m in median], "q3": [m * 3 for m in median],
                        "rms": [0.12, 0.2, 0.3, 0.2, 0.15], "frac_below_1e-3": [0, 0, 0, 0.1, 0.6],
                        "uniform_limit": math.sqrt(n - 1) / n})
-    return {"curves": curves, "trained": None}
+    law = [{"n": c["n"], "k": [10.0, 30.0, 100.0], "median": [1e-3, 1e-10, 1e-33],
+            "rms": [0.16, 0.095, 0.052], "frac": [0.5, 0.8, 0.93], "k_half": 9.5,
+            "check_frac": [None] * 5} for c in curves]
+    return {"curves": curves, "law": law, "trained": None}
 
 
 def task_evidence() -> dict[str, dict[str, Any]]:
@@ -114,6 +117,9 @@ def task_evidence() -> dict[str, dict[str, Any]]:
                 "controls": ["uniform", "cue_none"], "chance": 0.0625}
     lengths = ["n=32", "n=64", "n=128"]
     length = {"lengths": lengths, "chance": 0.25,
+              "loss": {k: {"all": {"scaled_dot": around(0.2 + 0.3 * i, seed=i),
+                                   "log_length": around(0.2 + 0.25 * i, seed=i + 5)}}
+                       for i, k in enumerate(lengths)},
               "accuracy": {k: {"all": {"scaled_dot": around(1 - 0.03 * i, seed=i),
                                        "log_length": around(1 - 0.04 * i, seed=i + 5)}}
                            for i, k in enumerate(lengths)},

@@ -68,7 +68,7 @@ def test_the_answer_follows_the_data():
     assert "max |logit| reached 900" in real and "QK-LayerNorm's 12" in real
     flipped = text(takeaways(entries(0.33, "greater", "supported", tau1="equal")))
     assert "needs a temperature: at τ = 1 its retrieval loss is +0.300 nats" in real
-    assert "tau4, learned matched" in real
+    assert "tau4, learned did no worse than scaled dot" in real
     assert "held up on retrieval" in flipped and "needs a temperature" not in flipped
 
 
@@ -103,7 +103,7 @@ def test_missing_measurements_are_said_not_guessed():
 
 def test_questions_get_answers_not_verdicts():
     q = {"id": "Q3", "verdict": "refuted", "headline": "refuted: at n=128 log_length +0.01"}
-    assert answer(q) == "No measurable accuracy gain (at n=128 log_length +0.01)"
+    assert answer(q) == "No measurable gain in loss (at n=128 log_length +0.01)"
     assert answer({**q, "verdict": "supported", "headline": "supported"}).startswith("Yes")
     assert strip_verdict("supported, small: +3%", "supported") == "small: +3%"
 

@@ -15,6 +15,7 @@ from attnscale.lab.paired import (
     classify,
     compare_family,
     holm,
+    no_worse_pvalues,
     paired_differences,
     paired_effect,
     reading_pvalues,
@@ -153,3 +154,32 @@ def test_family_flips_on_opposite_data_and_stays_inconclusive_without_effect():
         assert compare_family({"x": (a, b)}, 0.05)["x"].reading == INCONCLUSIVE
     with pytest.raises(ValueError, match="pairs"):
         compare_family({}, 0.05)
+
+
+def test_non_inferiority_matches_scipy_and_the_interval_bound():
+    """not_greater: H0 mean d ≥ δ, one-sided; it holds at level 0.025 exactly when the 95%
+    t-interval's upper bound lies below +δ, and flips on mirrored data to not_less."""
+    for seed in range(20):
+        a, b = arms(0.01, 0.03, seed=seed)
+        d = paired_differences(a, b)
+        ps = no_worse_pvalues(a, b, 0.05)
+        assert ps["not_greater"] == pytest.approx(
+            stats.ttest_1samp(d, 0.05, alternative="less").pvalue, rel=1e-12)
+        assert ps["not_less"] == pytest.approx(
+            stats.ttest_1samp(d, -0.05, alternative="greater").pvalue, rel=1e-12)
+        only = compare_family({"x": (a, b)}, 0.05)["x"]
+        assert only.not_greater == (paired_effect(a, b).high < 0.05)
+        assert compare_family({"x": (b, a)}, 0.05)["x"].not_less == only.not_greater
+
+
+def test_non_inferiority_is_weaker_than_equal_and_needs_no_lower_bound():
+    """A clearly better arm with a wide interval is 'no worse' though not 'equal'; a worse one
+    is never 'no worse'; no effect with large noise is neither."""
+    a, b = arms(-0.2, 0.1, n=6, seed=3)
+    c = compare_family({"x": (a, b)}, 0.05)["x"]
+    assert c.not_greater and c.reading in (LESS, INCONCLUSIVE) and not c.not_less
+    a, b = arms(0.3, 0.02)
+    assert not compare_family({"x": (a, b)}, 0.05)["x"].not_greater
+    a, b = arms(0.0, 0.3, seed=4)
+    c = compare_family({"x": (a, b)}, 0.05)["x"]
+    assert not c.not_greater and not c.not_less

@@ -159,6 +159,10 @@ def test_standard_scales_and_measurement():
     m = J.standard_measurement(ns=(16, 32), rows=20, points=8)
     assert [c["n"] for c in m["curves"]] == [16, 32]
     assert all(len(c["median"]) == 8 for c in m["curves"])
+    for c, law in zip(m["curves"], m["law"], strict=True):
+        assert law["n"] == c["n"] and law["k"] == [10.0, 30.0, 100.0]
+        assert [f is None for f in law["check_frac"]] == [s < 3 * c["s_c"] * (1 - 1e-9)
+                                                          for s in c["s"]]
     assert J.frac_key(1e-3) == "frac_below_1e-3" and J.frac_key(2.5e-4) == "frac_below_2.5e-4"
 
 

@@ -2,18 +2,24 @@
 
 Evidence holds, per cell and arm, a value per reported seed (``{"values": {seed: v}, "lrs":
 ..., "censored": bool}``, :class:`attnscale.audit.selection.ArmValues`). A comparison is arm a
-minus arm b over the seeds both have; :func:`family` reads all of one claim's comparisons with
-Holm's correction (:func:`attnscale.lab.paired.compare_family`). A comparison with fewer than
-three paired seeds, or with a censored arm, reads ``inconclusive``.
+minus arm b over the seeds both have; :func:`family` reads a claim's comparisons with Holm's
+correction (:func:`attnscale.lab.paired.compare_family`) over the family the rule combines. A
+comparison with fewer than three paired seeds, or with a censored arm, reads ``inconclusive``.
+
+Which comparisons share a Holm family follows the rule's logic: comparisons a rule reads
+through "some" or "or" (one real effect anywhere decides) share one; a comparison a rule only
+ever reads through "every" or "and" is tested alone at the full level, since an
+intersection-union test needs no correction (Berger 1982, Technometrics 24(4)). Holm over more
+than the rule combines only costs power; over less, it inflates the error.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from attnscale.lab.paired import INCONCLUSIVE, MIN_SEEDS, compare_family
+from attnscale.lab.paired import EQUAL, GREATER, INCONCLUSIVE, LESS, MIN_SEEDS, compare_family
 
 Pair = tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]
 
@@ -33,13 +39,31 @@ def undecided(why: str, smallest: float) -> dict[str, Any]:
     nan = math.nan
     return {"mean": nan, "lo": nan, "hi": nan, "n": 0, "p": nan, "reading": INCONCLUSIVE,
             "p_holm": nan, "smallest": smallest, "lo_holm": nan, "hi_holm": nan,
-            "confidence_holm": nan, "why": why}
+            "confidence_holm": nan, "not_greater": False, "not_less": False, "why": why}
 
 
-def family(pairs: Mapping[str, Pair], smallest: float | Mapping[str, float]) -> dict[str, Any]:
+def family(pairs: Mapping[str, Pair], smallest: float | Mapping[str, float],
+           holm_over: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
     """name -> comparison dict (mean, lo, hi, n, p, reading, p_holm, smallest, lo_holm, hi_holm,
-    confidence_holm; ``why`` for one that could not be read). Holm's correction runs over the
-    comparisons that can be read."""
+    confidence_holm, not_greater, not_less; ``why`` for one that could not be read).
+
+    ``holm_over``: the Holm families, as lists of names; a name in none of them is read alone.
+    None: one family of every comparison. Holm runs over the comparisons that can be read."""
+    groups = [list(pairs)] if holm_over is None else [list(g) for g in holm_over]
+    unknown = sorted({k for g in groups for k in g} - set(pairs))
+    if unknown:
+        raise ValueError(f"holm_over names comparisons that are not in pairs: {unknown}")
+    grouped = {k for g in groups for k in g}
+    groups += [[k] for k in pairs if k not in grouped]
+    out: dict[str, Any] = {}
+    for g in groups:
+        out.update(_read_family({k: pairs[k] for k in g}, smallest))
+    return {k: out[k] for k in pairs}
+
+
+def _read_family(pairs: Mapping[str, Pair],
+                 smallest: float | Mapping[str, float]) -> dict[str, Any]:
+    """One Holm family of :func:`family`."""
     def delta(k: str) -> float:
         return float(smallest[k] if isinstance(smallest, Mapping) else smallest)
     out: dict[str, Any] = {}
@@ -56,10 +80,21 @@ def family(pairs: Mapping[str, Pair], smallest: float | Mapping[str, float]) -> 
         for k, c in read.items():
             out[k] = c.to_dict()
             censored = [x for x, arm in zip("ab", pairs[k], strict=True) if arm.get("censored")]
-            if censored and c.reading != INCONCLUSIVE:
-                out[k].update(reading=INCONCLUSIVE, why="best LR at the edge of the grid "
-                              "(censored)")
+            if censored:
+                out[k].update(reading=INCONCLUSIVE, not_greater=False, not_less=False,
+                              why="best LR at the edge of the grid (censored)")
     return {k: out[k] for k in pairs}
+
+
+def no_worse(c: Mapping[str, Any]) -> bool:
+    """"Equal or better" (a − b below +δ): a non-inferiority reading, or a reading of equal or
+    less."""
+    return c["reading"] in (EQUAL, LESS) or bool(c.get("not_greater"))
+
+
+def no_better(c: Mapping[str, Any]) -> bool:
+    """The mirror of :func:`no_worse`: a − b above −δ."""
+    return c["reading"] in (EQUAL, GREATER) or bool(c.get("not_less"))
 
 
 def mean(arm: Mapping[str, Any] | None) -> float:

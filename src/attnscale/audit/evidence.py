@@ -181,7 +181,8 @@ def accuracy_evidence(study: Study, runs: list[Run], **context: Any) -> dict[str
 
 
 def length_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
-    """Q3: accuracy and attention weight on the answer at each evaluation length, per arm."""
+    """Q3: eval loss, accuracy and attention weight on the answer at each evaluation length,
+    per arm."""
     def at(key: str, field: str) -> Callable[[Run], float | None]:
         def read(r: Run) -> float | None:
             v = (r.get("final_metrics") or {}).get(key)
@@ -190,7 +191,8 @@ def length_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
         return read
     keys = sorted({k for r in runs for k in (r.get("final_metrics") or {})
                    if k.startswith("n=")}, key=lambda k: int(k.split("=")[1]))
-    return {"accuracy": {k: arms_table(study, runs, at(k, "metric")) for k in keys},
+    return {"loss": {k: arms_table(study, runs, at(k, "loss")) for k in keys},
+            "accuracy": {k: arms_table(study, runs, at(k, "metric")) for k in keys},
             "answer_weight": {k: arms_table(study, runs, at(k, "answer_weight")) for k in keys},
             "lengths": keys, "chance": chance(study)}
 

@@ -243,7 +243,11 @@ def c10_alt(ev: Evidence, per_n: list[dict[str, Any]]) -> str:
         " and does not fall below 1e-3 in the measured range"
     return (f"The median row's softmax Jacobian norm ‖J‖_F peaks near s_c at about {peak:.2f}"
             f"{where}; at {judged[0]['s_over_sc']:.0f}·s_c the share of rows below 1e-3 is "
-            f"{ends}. Toward uniform it levels off at √(n−1)/n instead of vanishing.")
+            f"{ends}. Toward uniform it levels off at √(n−1)/n instead of vanishing."
+            + "".join(f" By the law at 100·s_c the median row's norm is {r['law_median'][-1]:.0e}"
+                      f" while the RMS is {r['law_rms'][-1]:.2g}, falling like "
+                      f"s^{r['rms_slope']:+.2f} (n = {r['n']})." for r in judged[-1:]
+                      if "law_rms" in r))
 
 
 def c11_alt(ev: Evidence) -> str:
@@ -302,13 +306,18 @@ def q2_alt(result: Mapping[str, Any]) -> str:
 
 
 def q3_alt(ev: Evidence) -> str:
-    """Q3: accuracy and attention on the answer at the longest evaluation length, per arm."""
+    """Q3: eval loss, accuracy and attention on the answer at the longest evaluation length,
+    per arm."""
     lengths = ev["lengths"]
     if len(lengths) < 2:
         raise ValueError("ev: Q3 needs at least two evaluation lengths")
     last = lengths[-1]
+    loss = {a: arm_ci(v) for a, v in ev["loss"][last]["all"].items()}
     acc = {a: arm_ci(v) for a, v in ev["accuracy"][last]["all"].items()}
-    text = (f"Trained at {lengths[0]} and evaluated at {last}, accuracy is "
+    text = (f"Trained at {lengths[0]} and evaluated at {last}, eval loss is "
+            + ", ".join(f"{a} {interval(c, 'nats', 3, False)}" for a, c in loss.items()
+                        if c["n"])
+            + "; accuracy is "
             + ", ".join(f"{a} {interval(c, '', 2, False)}" for a, c in acc.items() if c["n"])
             + ".")
     weight = {a: arm_ci(v) for a, v in ev.get("answer_weight", {}).get(last, {})

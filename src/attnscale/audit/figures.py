@@ -338,15 +338,16 @@ def fig_c12(ev: Evidence, numbers: dict[str, Any], folder: Path) -> Figure:
 
 
 def fig_q3(ev: Evidence, folder: Path) -> Figure:
-    """Q3: accuracy and attention weight on the answer against evaluation length, each arm's
-    mean and 95% interval over seeds."""
+    """Q3: eval loss (what the rule reads), accuracy and attention weight on the answer against
+    evaluation length, each arm's mean and 95% interval over seeds."""
     lengths = ev["lengths"]
     ns = [int(k.split("=")[1]) for k in lengths]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.9))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.9))
     arms = list(ev["accuracy"][lengths[0]]["all"])
     seeds = 0
-    for ax, key, label in ((axes[0], "accuracy", "eval accuracy"),
-                           (axes[1], "answer_weight", "attention weight on the answer")):
+    for ax, key, label in ((axes[0], "loss", "eval loss (nats)"),
+                           (axes[1], "accuracy", "eval accuracy"),
+                           (axes[2], "answer_weight", "attention weight on the answer")):
         for j, arm in enumerate(arms):
             cs = [T.arm_ci(ev[key].get(k, {}).get("all", {}).get(arm)) for k in lengths]
             seeds = max(seeds, *(c["n"] for c in cs))
@@ -356,9 +357,9 @@ def fig_q3(ev: Evidence, folder: Path) -> Figure:
         ax.set(xscale="log", xlabel="evaluation length (keys)", ylabel=label)
         ax.set_xticks(ns, [f"{n}\n(train)" if i == 0 else str(n) for i, n in enumerate(ns)])
         ax.minorticks_off()
-    chance = axes[0].axhline(ev["chance"], color="grey", ls=":",
+    chance = axes[1].axhline(ev["chance"], color="grey", ls=":",
                              label=f"chance accuracy ({ev['chance']:.2f})")
-    outside(axes[1], handles=[*axes[1].get_legend_handles_labels()[0], chance])
+    outside(axes[2], handles=[*axes[2].get_legend_handles_labels()[0], chance])
     fig.suptitle(f"Q3: length generalization, retrieval trained at n = {ns[0]}, RoPE, "
                  f"{seeds} seeds", fontsize=11)
     return save(fig, folder, "q3_length", T.q3_alt(ev))

@@ -47,7 +47,7 @@ def measure_all(p: Preset, store: Store, say: Callable[[str], None]) -> dict[str
         "qk": ({"samples": 20000}, measure_qk),
         "rem": ({"mc": p.mc_samples}, lambda: measure_rem(p)),
         "bench": (dict(p.bench), lambda: overhead.overhead_study(**p.bench)),
-        "jacobian": ({"rows": p.jacobian_rows},
+        "jacobian": ({"rows": p.jacobian_rows, "law": 1},
                      lambda: jacobian.standard_measurement(rows=p.jacobian_rows)),
         "minilm": ({"sentences": p.inspect_sentences}, lambda: measure_minilm(p)),
     }

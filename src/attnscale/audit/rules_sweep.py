@@ -4,8 +4,10 @@ grid of the clipped loss, minus the lowest clipped loss any arm reached on that 
 two arms' difference is the difference of their grid means, where Wortsman's own-best
 reference would reward the deeper single minimum) and the fraction of the grid that was
 unstable (a divergence, or a loss that blew up and stayed more than 1 nat above its own low;
-never under-training, never a large logit alone). Comparisons are paired per seed and
-Holm-corrected (:mod:`attnscale.audit.compare`).
+never under-training, never a large logit alone). Comparisons are paired per seed, with Holm's
+correction over the comparisons each rule reads through "some" or "or" and none over those it
+only reads through "every" or "and" (:mod:`attnscale.audit.compare`); "equal or better" is a
+non-inferiority reading.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from attnscale.audit.compare import family
+from attnscale.audit.compare import family, no_worse
 from attnscale.audit.verdicts import (
     DEPENDS,
     INCONCLUSIVE,
@@ -26,7 +28,7 @@ from attnscale.audit.verdicts import (
     aggregate,
     fmt_effect,
 )
-from attnscale.lab.paired import EQUAL, GREATER, LESS
+from attnscale.lab.paired import GREATER, LESS
 
 GPT2 = "GPT-2 init (weights std 0.02), character-level text"
 
@@ -60,9 +62,11 @@ C11_RULE = ("LR sweep at two widths, GPT-2 init. Per width, paired "
             "stayed up; smallest effect 0.6/|grid|: one more unstable LR is real); and "
             "the growth of the sensitivity excess from the smaller to the larger width. "
             "Supported if dot is more sensitive or more unstable at the larger width AND the "
-            "sensitivity excess grows with width; refuted if dot is equal (or better) on both "
-            "measures at every width; depends if dot is worse somewhere but the excess does "
-            "not grow; inconclusive otherwise")
+            "sensitivity excess grows with width; refuted if dot is no worse (non-inferior "
+            "within δ) on both measures at every width; depends if dot is worse somewhere but "
+            "the excess does not grow; inconclusive otherwise. Holm over the per-width "
+            "comparisons (the rule reads them through 'or' and 'somewhere'); the growth, only "
+            "ever read through 'and', alone")
 
 
 def unstable_delta(ev: Evidence) -> float:
@@ -82,7 +86,7 @@ def c11_family(ev: Evidence) -> dict[str, Any]:
     grow = excess(ev, "sensitivity")
     pairs["growth"] = (grow, {"values": dict.fromkeys(grow["values"], 0.0)})
     deltas["growth"] = LOSS_DELTA
-    return family(pairs, deltas)
+    return family(pairs, deltas, holm_over=[[k for k in pairs if k != "growth"]])
 
 
 def divergence_counts(ev: Evidence) -> dict[str, int]:
@@ -114,9 +118,9 @@ def judge_c11(ev: Evidence) -> Verdict:
     growth = comps["growth"]["reading"]
     if GREATER in large and growth == GREATER:
         verdict = SUPPORTED
-    elif per_width and all(r in (EQUAL, LESS) for r in per_width):
+    elif per_width and all(no_worse(c) for k, c in comps.items() if k != "growth"):
         verdict = REFUTED
-    elif GREATER in per_width and growth in (EQUAL, LESS):
+    elif GREATER in per_width and no_worse(comps["growth"]):
         verdict = DEPENDS
     else:
         verdict = INCONCLUSIVE
@@ -200,8 +204,10 @@ def judge_c12(ev: Evidence) -> Verdict:
 Q1_RULE = ("The modern scores (qk_layernorm, softcap, learned-τ cosine) against scaled_dot at "
            "each width of the LR sweep: paired per-seed differences of clipped loss (LR chosen "
            "leave-one-seed-out) and of LR sensitivity (mean clipped loss over the grid above a "
-           "reference shared by every arm), Holm-corrected. A score 'matches with "
-           "lower sensitivity' if its loss reads equal or less AND its sensitivity reads less. "
+           "reference shared by every arm). A score 'matches with lower sensitivity' if its "
+           "loss is no worse (non-inferior within δ) AND its sensitivity reads less. Holm over "
+           "the sensitivity comparisons of one width (the rule asks whether SOME score does); "
+           "each loss comparison, read only through 'and', alone. "
            "Supported (Wortsman et al. 2023) if at every width some modern score does (not "
            "necessarily the same one); refuted if at every width every score is decided and "
            "none does; depends if it holds at some widths only; inconclusive otherwise")
@@ -217,15 +223,17 @@ def judge_q1(ev: Evidence) -> Verdict:
             pairs[f"{w} {m} sensitivity"] = (sweep_arm(ev, w, m, "sensitivity"),
                                              sweep_arm(ev, w, "scaled_dot", "sensitivity"))
             deltas[f"{w} {m} loss"] = deltas[f"{w} {m} sensitivity"] = LOSS_DELTA
-    comps = family(pairs, deltas) if pairs else {}
+    sens = [[k for k in pairs if k.startswith(f"{w} ") and k.endswith(" sensitivity")]
+            for w in ev["loss"]]
+    comps = family(pairs, deltas, holm_over=[g for g in sens if g]) if pairs else {}
     per_width = {}
     for w, row in ev["loss"].items():
         good, decided = [], True
         for m in (m for m in MODERN if m in row):
-            loss, sens = comps[f"{w} {m} loss"]["reading"], comps[f"{w} {m} sensitivity"]["reading"]
-            if loss in (EQUAL, LESS) and sens == LESS:
+            loss, sens = comps[f"{w} {m} loss"], comps[f"{w} {m} sensitivity"]["reading"]
+            if no_worse(loss) and sens == LESS:
                 good.append(m)
-            decided &= "inconclusive" not in (loss, sens)
+            decided &= (no_worse(loss) or loss["reading"] == GREATER) and sens != INCONCLUSIVE
         has_modern = any(m in row for m in MODERN)
         per_width[w] = good or ([] if decided and has_modern else None)
     marks = [SUPPORTED if g else REFUTED if g == [] else INCONCLUSIVE for g in per_width.values()]

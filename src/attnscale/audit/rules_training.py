@@ -3,8 +3,9 @@ Q1).
 
 Each ``judge_*`` is a pure function of its claim's evidence (:mod:`attnscale.audit.evidence`):
 paired per-seed differences, read against a stated smallest effect with Holm's correction
-across the claim's comparisons (:mod:`attnscale.audit.compare`). A difference "a − b" of
-losses is positive when a is worse. The claims are stated in docs/claims.md.
+over the comparisons the rule combines through "some" or "or" (:mod:`attnscale.audit.compare`);
+"equal or better" is a non-inferiority reading (:func:`attnscale.audit.compare.no_worse`).
+A difference "a − b" of losses is positive when a is worse. The claims are stated in docs/claims.md.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscale.audit.compare import family, mean, readings
+from attnscale.audit.compare import family, mean, no_worse
 from attnscale.audit.verdicts import (
     DEPENDS,
     INCONCLUSIVE,
@@ -74,24 +75,24 @@ def gap_text(c: dict[str, Any]) -> str:
 C7_RULE = ("Head-dimension study, one head, d_model = d_k, in the unit-variance regime; each arm "
            "at the LR its tuning seeds chose. Per d_k, the paired difference of clipped eval "
            "loss dot − scaled_dot and dot_absorbed − scaled_dot (dot with q, k init and LR × "
-           "d_k^(−1/4)), Holm-corrected. Supported (a constant the LR grid absorbs) if dot reads "
-           "equal or better at every d_k; depends (absorbed only by rescaling q and k) if dot is "
-           "worse at some d_k and dot_absorbed is equal or better there; refuted if dot_absorbed "
-           "is also "
-           "worse there; inconclusive otherwise")
+           "d_k^(−1/4)). Supported (a constant the LR grid absorbs) if dot is no worse "
+           "(non-inferior within δ) at every d_k; depends (absorbed only by rescaling q and k) "
+           "if dot is worse at some d_k and dot_absorbed is no worse there; refuted if "
+           "dot_absorbed is also worse there; inconclusive otherwise. Holm over the dot "
+           "comparisons (read through 'some d_k'); each dot_absorbed comparison alone")
 
 
 def judge_c7(ev: Evidence) -> Verdict:
     """C7: whether a plain LR grid, or a q/k rescaling, absorbs the constant 1/√d_k."""
     pairs = {**{f"dot {d}": p for d, p in gap_pairs(ev, UNIT).items()},
              **{f"absorbed {d}": p for d, p in gap_pairs(ev, UNIT, "dot_absorbed").items()}}
-    comps = family(pairs, LOSS_DELTA)  # one Holm family for the claim's 2·|d_k| comparisons
+    comps = family(pairs, LOSS_DELTA, holm_over=[[k for k in pairs if k.startswith("dot ")]])
     dot, absorbed = split(comps, "dot "), split(comps, "absorbed ")
     worse = [d for d, c in dot.items() if c["reading"] == GREATER]
-    fine = [c["reading"] in (EQUAL, LESS) for c in dot.values()]
+    fine = [no_worse(c) for c in dot.values()]
     if fine and all(fine):
         verdict = SUPPORTED
-    elif worse and all(absorbed[d]["reading"] in (EQUAL, LESS) for d in worse):
+    elif worse and all(no_worse(absorbed[d]) for d in worse):
         verdict = DEPENDS
     elif worse and any(absorbed[d]["reading"] == GREATER for d in worse):
         verdict = REFUTED
@@ -144,9 +145,10 @@ def slope_pair(ev: Evidence, init: str) -> tuple[dict[str, Any], dict[str, Any]]
 C13_RULE = ("Same study, unit-variance regime. Supported if dot − scaled_dot clipped loss at the "
             "largest d_k reads greater (unscaled worse by more than 0.02 nats) AND the per-seed "
             "slope of the gap against log2 d_k reads greater than 0.01 nats per doubling; "
-            "refuted if the gap at the largest d_k reads equal or less; depends if the gap is "
-            "there but does not grow; inconclusive otherwise. The GPT-2-init regime is shown "
-            "beside it")
+            "refuted if the gap at the largest d_k is no larger than 0.02 nats (non-inferior); "
+            "depends if the gap is there but does not grow; inconclusive otherwise. The rule "
+            "reads the two comparisons only through 'and', so each is tested alone; the gaps "
+            "at smaller d_k and the GPT-2-init regime are shown beside it")
 
 
 def judge_c13(ev: Evidence) -> Verdict:
@@ -154,14 +156,16 @@ def judge_c13(ev: Evidence) -> Verdict:
     big = str(ev["head_dims"][-1])
     pairs = {**{f"gap {d}": p for d, p in gap_pairs(ev, UNIT).items()},
              "slope": slope_pair(ev, UNIT)}
-    comps = family(pairs, {k: SLOPE_DELTA if k == "slope" else LOSS_DELTA for k in pairs})
+    context = [[k for k in pairs if k.startswith("gap ") and k != f"gap {big}"]]
+    comps = family(pairs, {k: SLOPE_DELTA if k == "slope" else LOSS_DELTA for k in pairs},
+                   holm_over=[g for g in context if g])
     dot, slope = split(comps, "gap "), comps["slope"]
     last = dot[big]["reading"]
     if last == GREATER and slope["reading"] == GREATER:
         verdict = SUPPORTED
-    elif last in (EQUAL, LESS):
+    elif no_worse(dot[big]):
         verdict = REFUTED
-    elif last == GREATER and slope["reading"] in (EQUAL, LESS):
+    elif last == GREATER and no_worse(slope):
         verdict = DEPENDS
     else:
         verdict = INCONCLUSIVE
@@ -202,9 +206,10 @@ def text_pairs(ev: Evidence, rivals: tuple[str, ...], base: str = "scaled_dot") 
 C6_RULE = ("Scaled dot product against the thread's alternatives (unscaled dot, cosine τ=1) on "
            "character-level text at each width (LR chosen leave-one-seed-out on the grid) and on "
            "retrieval among fillers at n=32 (LR chosen on tuning seeds): paired clipped-loss "
-           "differences rival − scaled_dot, Holm-corrected. Supported if every rival is worse "
-           "by more than 0.02 nats; refuted if every rival is equal or better; depends if some "
-           "are worse and some are not; inconclusive otherwise")
+           "differences rival − scaled_dot, Holm-corrected over all of them (the rule's "
+           "'depends' reads them through 'some'). Supported if every rival is worse by more "
+           "than 0.02 nats; refuted if every rival is no worse (non-inferior within δ); "
+           "depends if some are worse and some no worse; inconclusive otherwise")
 
 
 def judge_c6(ev: Evidence) -> Verdict:
@@ -214,9 +219,11 @@ def judge_c6(ev: Evidence) -> Verdict:
                                       ev["retrieval"]["loss"]["all"].get("scaled_dot"))
                   for r in ("dot", "cosine_tau1")})
     comps = family(pairs, LOSS_DELTA)
-    verdict = aggregate(readings(comps), {GREATER}, {EQUAL, LESS})
+    marks = ["worse" if c["reading"] == GREATER else "fine" if no_worse(c) else INCONCLUSIVE
+             for c in comps.values()]
+    verdict = aggregate(marks, {"worse"}, {"fine"})
     lost = [k for k, c in comps.items() if c["reading"] == GREATER]
-    held = [k for k, c in comps.items() if c["reading"] in (EQUAL, LESS)]
+    held = [k for k, c in comps.items() if no_worse(c)]
     plain = [f"Scaled dot product beats {len(lost)} of {len(comps)} comparisons "
              f"({', '.join(lost) or 'none'}).",
              f"It is matched or beaten in {', '.join(held) or 'none'}.",

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from attnscale.audit.compare import no_worse
 from attnscale.audit.verdicts import DEPENDS, ERROR, INCONCLUSIVE, REFUTED, SUPPORTED
 
 Entry = dict[str, Any]
@@ -31,11 +32,12 @@ ANSWER_WORDS: dict[str, dict[str, str]] = {
     "Q1": {SUPPORTED: "Some match scaled dot's loss with lower LR sensitivity",
            REFUTED: "None matched scaled dot's loss with lower LR sensitivity",
            DEPENDS: "At some widths only",
-           INCONCLUSIVE: "Not decided at this scale: no modern score was decided both equal in "
-                         "loss and lower in LR sensitivity"},
+           INCONCLUSIVE: "Not decided at this scale: no modern score was decided both no worse "
+                         "in loss and lower in LR sensitivity"},
     "Q2": {SUPPORTED: "Small: O(1), and the scale matters", REFUTED: "Large",
            DEPENDS: "Partly small", INCONCLUSIVE: "Not measured"},
-    "Q3": {SUPPORTED: "Yes: log-length scaling helps", REFUTED: "No measurable accuracy gain",
+    "Q3": {SUPPORTED: "Yes: log-length scaling lowers the loss",
+           REFUTED: "No measurable gain in loss",
            DEPENDS: "Partly", INCONCLUSIVE: "Not decided at this scale"},
 }
 
@@ -118,6 +120,8 @@ def reads(c: dict[str, Any]) -> str:
     word = {EQUAL: "matched", LESS: "beat", GREATER: "trailed"}.get(c["reading"])
     if word:
         return word
+    if no_worse(c):
+        return "was no worse (within δ) than"
     delta = c.get("smallest")
     if delta is not None and c.get("lo") is not None and (c["lo"] > delta or c["hi"] < -delta):
         return "was undecided after Holm's correction against"
@@ -136,14 +140,16 @@ def _alternatives(e: dict[str, Entry]) -> list[str]:
     if "cosine_tau1" in c4:
         t1 = c4["cosine_tau1"]
         rescued = [a.replace("cosine_", "") for a, c in c4.items()
-                   if a != "cosine_tau1" and c["reading"] in (EQUAL, LESS)]
+                   if a != "cosine_tau1" and no_worse(c)]
         lead = {GREATER: "Cosine attention needs a temperature: at τ = 1 its retrieval loss is",
                 EQUAL: "Cosine attention at τ = 1 held up on retrieval: its loss is",
                 LESS: "Cosine attention at τ = 1 beat scaled dot on retrieval: its loss is",
-                }.get(t1["reading"], "Whether cosine at τ = 1 falls behind on retrieval was "
-                                     "not decided: its loss is")
+                }.get(t1["reading"], "Cosine attention at τ = 1 was no worse on retrieval: its "
+                                     "loss is" if no_worse(t1) else "Whether cosine at τ = 1 "
+                                     "falls behind on retrieval was not decided: its loss is")
         out.append(f"{lead} {fx(t1)} against scaled dot; "
-                   f"{', '.join(rescued) or 'no other τ tried'} matched scaled dot (C4).")
+                   f"{', '.join(rescued) or 'no other τ tried'} did no worse than scaled dot "
+                   f"(C4).")
     c3 = e["C3"]["numbers"]
     if c3:
         best = max(c3.values(), key=lambda c: c["mean"])
@@ -189,7 +195,7 @@ def _when(e: dict[str, Entry]) -> list[str]:
     c4 = e["C4"]["numbers"].get("cosine_learned")
     if c4:
         out.append(f"A learned temperature, whenever logits are bounded (cosine, QK-norm): a "
-                   f"learned τ {'matched' if c4['reading'] in (EQUAL, LESS) else 'did not match'}"
+                   f"learned τ {'did no worse than' if no_worse(c4) else 'did not match'}"
                    f" scaled dot on retrieval ({fx(c4)}), where τ = 1 fails (C4).")
     q3 = e["Q3"]
     w = q3["evidence"].get("answer_weight", {})
@@ -202,7 +208,7 @@ def _when(e: dict[str, Entry]) -> list[str]:
             return sum(vals) / len(vals) if vals else math.nan
         out.append(f"Log-length scaling, for inputs longer than training: at {far} it put "
                    f"{mean('log_length'):.2f} of the attention on the answer against "
-                   f"{mean('scaled_dot'):.2f}; more accurate? "
+                   f"{mean('scaled_dot'):.2f}; lower loss there? "
                    f"{ANSWER_WORDS['Q3'][q3['verdict']].lower()} (Q3).")
     return out
 
@@ -210,7 +216,7 @@ def _when(e: dict[str, Entry]) -> list[str]:
 def _standing(by_width: dict[str, tuple[str, str, dict]]) -> str:
     """One modern score over the widths: "held up", "trailed", "mixed" or "undecided"."""
     losses = [loss for loss, _, _ in by_width.values()]
-    good, bad = any(x in (EQUAL, LESS) for x in losses), GREATER in losses
+    good, bad = any(no_worse(c) for _, _, c in by_width.values()), GREATER in losses
     return "mixed" if good and bad else "held up" if good else "trailed" if bad else "undecided"
 
 

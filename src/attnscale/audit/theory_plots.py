@@ -312,18 +312,33 @@ def fig_phase(folder: Path) -> Figure:
 
 
 def fig_c10(ev: Evidence, per_n: list[dict[str, Any]], folder: Path) -> Figure:
-    """C10: per-row ‖J‖_F median and quartiles, and the RMS, against s / s_c."""
+    """C10: per-row ‖J‖_F median and quartiles (Monte Carlo), the RMS, and the law the
+    verdict reads (median row and exact RMS at 10, 30, 100·s_c), against s / s_c."""
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, c in enumerate(ev["curves"]):
         x = [s / c["s_c"] for s in c["s"]]
         ax.plot(x, c["median"], color=f"C{i}", label=f"$n = {c['n']}$")
         ax.fill_between(x, np.maximum(c["q1"], 1e-12), c["q3"], color=f"C{i}", alpha=0.18)
         ax.plot(x, c["rms"], ls=":", color=f"C{i}")
+    floor = 1e-14  # the law's median at 100·s_c (~1e-33) would squash the rest: noted instead
+    for i, r in enumerate(per_n):  # the law the verdict reads, out to 100·s_c
+        if "ks" in r:
+            shown = [(k, m) for k, m in zip(r["ks"], r["law_median"], strict=True) if m > floor]
+            ax.plot(*zip(*shown, strict=True), "x", color=f"C{i}", ms=6)
+            ax.plot(r["ks"], r["law_rms"], "+", color=f"C{i}", ms=7)
+    low = [m for r in per_n for m in r.get("law_median", []) if m <= floor]
+    if low:
+        ax.annotate(f"median row at 100·$s_c$: {min(low):.0e}–{max(low):.0e} (off scale)",
+                    (0.98, 0.04), xycoords="axes fraction", ha="right", fontsize=8)
+    ax.set_ylim(bottom=floor)
     ax.axhline(1e-3, color="grey", ls="--", lw=0.8)
     handles = [*ax.get_legend_handles_labels()[0],
                Line2D([], [], color="k", label="median row"),
                Patch(color="k", alpha=0.18, label="quartiles (middle half of rows)"),
                Line2D([], [], color="k", ls=":", label=r"RMS $\sqrt{\mathbb{E}\|J\|_F^2}$"),
+               Line2D([], [], color="k", marker="x", ls="none",
+                      label="median, top-two law (10, 30, 100 $s_c$)"),
+               Line2D([], [], color="k", marker="+", ls="none", label="RMS, exact"),
                Line2D([], [], color="grey", ls="--", label="$10^{-3}$: vanished")]
     ax.set(yscale="log", xscale="log", xlabel=r"$s\,/\,s_c$,  $s_c=\sqrt{2\ln n}$",
            ylabel=r"$\|J\|_F$ per row, $J=\mathrm{diag}(p)-pp^\top$")

@@ -14,6 +14,10 @@ share. Inference is on the mean difference over seeds:
   entirely: equal within δ (two one-sided tests of equivalence, each at level α/2 for a
   (1 − α) interval: conservative); anything else: ``inconclusive``, never a verdict read from
   overlapping intervals.
+* non-inferiority, for a rule's "equal or better": :func:`no_worse_pvalues` tests "a is not
+  worse than b by δ or more" (one-sided, H0: mean d ≥ δ) and its mirror; weaker than
+  ``equal`` (it asks one bound, not two), and the reading a rule needs when it says "equal or
+  less" (Wellek 2010, *Testing Statistical Hypotheses of Equivalence and Noninferiority*).
 
 Henderson et al. 2018 (arXiv 1709.06560) and Agarwal et al. 2021 (arXiv 2108.13264) show why
 few-seed point estimates mislead; a rule needs at least :data:`MIN_SEEDS` paired seeds.
@@ -143,11 +147,31 @@ def reading_pvalues(a: Mapping[Any, float], b: Mapping[Any, float],
             EQUAL: max(one_sided(-smallest, "greater"), one_sided(smallest, "less"))}
 
 
+def no_worse_pvalues(a: Mapping[Any, float], b: Mapping[Any, float],
+                     smallest: float) -> dict[str, float]:
+    """One-sided non-inferiority p-values of d = a − b against δ = ``smallest``:
+    ``not_greater`` (H0: mean d ≥ δ, i.e. a is δ or more above b) and ``not_less`` (H0: mean
+    d ≤ −δ). At level α/2 ``not_greater`` holds exactly when the (1 − α) t-interval's upper
+    bound lies below +δ. With no spread, the exact sign test (p = 2⁻ⁿ), as in
+    :func:`reading_pvalues`."""
+    check_float("smallest", smallest, low=0.0)
+    d = paired_differences(a, b)
+    if no_spread(d):
+        m, sign_p = float(d.mean()), 0.5 ** len(d)
+        return {"not_greater": sign_p if m < smallest else 1.0,
+                "not_less": sign_p if m > -smallest else 1.0}
+    return {"not_greater": float(scipy.stats.ttest_1samp(d, smallest, alternative="less").pvalue),
+            "not_less": float(scipy.stats.ttest_1samp(d, -smallest,
+                                                      alternative="greater").pvalue)}
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One comparison of a claim: the paired effect, its reading after Holm's correction across
     the claim's comparisons, that reading's Holm-adjusted p-value, the smallest real effect,
-    and the interval that agrees with the reading (:func:`holm_interval`)."""
+    the interval that agrees with the reading (:func:`holm_interval`), and the two
+    non-inferiority readings (:func:`no_worse_pvalues`, Holm-adjusted over the same family):
+    ``not_greater`` (a is less than δ above b) and ``not_less``."""
 
     effect: Effect
     reading: str
@@ -156,12 +180,15 @@ class Comparison:
     holm_low: float = math.nan
     holm_high: float = math.nan
     holm_confidence: float = math.nan
+    not_greater: bool = False
+    not_less: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Plain numbers, for evidence and JSON."""
         return {**self.effect.to_dict(), "reading": self.reading, "p_holm": self.p_holm,
                 "smallest": self.smallest, "lo_holm": self.holm_low, "hi_holm": self.holm_high,
-                "confidence_holm": self.holm_confidence}
+                "confidence_holm": self.holm_confidence, "not_greater": self.not_greater,
+                "not_less": self.not_less}
 
 
 def holm_interval(a: Mapping[Any, float], b: Mapping[Any, float], p: float, p_holm: float,
@@ -198,7 +225,8 @@ def compare_family(
     Holm-adjusted across the family and a reading stands when its adjusted p is at most
     (1 − ``confidence``)/2, else the comparison is :data:`INCONCLUSIVE`. With one comparison
     this is :func:`classify` of the ``confidence`` t-interval. Each comparison also carries
-    :func:`holm_interval`, the interval whose position against ±δ is its reading.
+    :func:`holm_interval`, the interval whose position against ±δ is its reading, and the
+    non-inferiority readings, each Holm-adjusted across the family on its own.
     """
     check_float("confidence", confidence, low=0.0, high=1.0)
     if not pairs:
@@ -212,9 +240,13 @@ def compare_family(
         best[k] = min(ps.items(), key=lambda kv: kv[1])
     adjusted = dict(zip(best, holm([p for _, p in best.values()]), strict=True))
     alpha_side = (1 - confidence) / 2
+    ni = {k: no_worse_pvalues(a, b, deltas[k]) for k, (a, b) in pairs.items()}
+    held = {side: dict(zip(ni, (p <= alpha_side for p in holm([ni[k][side] for k in ni])),
+                           strict=True)) for side in ("not_greater", "not_less")}
     return {k: Comparison(effects[k], best[k][0] if adjusted[k] <= alpha_side else INCONCLUSIVE,
                           adjusted[k], deltas[k],
-                          *holm_interval(*pairs[k], best[k][1], adjusted[k], confidence))
+                          *holm_interval(*pairs[k], best[k][1], adjusted[k], confidence),
+                          not_greater=held["not_greater"][k], not_less=held["not_less"][k])
             for k in pairs}
 
 

@@ -221,9 +221,19 @@ def jacobian_distribution(
 def standard_measurement(
     ns: tuple[int, ...] = STANDARD_NS, rows: int = 2000, seed: int = 0, points: int = 20
 ) -> dict[str, Any]:
-    """The C10 evidence's theory part: ``{"curves": [JacobianCurve.to_dict() per n]}`` over
-    :func:`standard_scales` (``points`` scales, 0.1 … 10·s_c) for each n in ``ns``."""
-    return {"curves": [
-        jacobian_distribution(n, standard_scales(n, points), rows, seed + i).to_dict()
-        for i, n in enumerate(ns)
-    ]}
+    """The C10 evidence's theory part: ``{"curves": [JacobianCurve.to_dict() per n], "law":
+    [per n: :func:`attnscale.measure.jacobian_law.law_curve`, with "check_frac", the law's
+    fraction below :data:`VANISH` at each of the curve's s from 3·s_c on (None below)]}``
+    over :func:`standard_scales` (``points`` scales, 0.1 … 10·s_c) for each n in ``ns``."""
+    from attnscale.measure import jacobian_law  # scipy's quadrature: loaded on use
+
+    curves = [jacobian_distribution(n, standard_scales(n, points), rows, seed + i).to_dict()
+              for i, n in enumerate(ns)]
+    laws = []
+    for c in curves:
+        law = jacobian_law.law_curve(c["n"], threshold=VANISH)
+        law["check_frac"] = [
+            jacobian_law.gap_survival(c["n"], law["gap_theta"] / s)
+            if s >= 3.0 * c["s_c"] * (1 - 1e-9) else None for s in c["s"]]
+        laws.append(law)
+    return {"curves": curves, "law": laws}
