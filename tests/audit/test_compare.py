@@ -180,3 +180,28 @@ def test_mean_and_values_of_an_arm():
     assert C.mean(arm([1.0, 2.0, 6.0])) == pytest.approx(3.0)
     assert math.isnan(C.mean(None)) and math.isnan(C.mean(arm([])))
     assert C.values(None) == {} and C.values(arm([4.0])) == {"0": 4.0}
+
+
+def test_an_inconclusive_verdict_says_how_many_seeds_would_decide():
+    """The nearest undecided comparison, however nested in a verdict's numbers, names its
+    planning figure; a decided family has none; the page's sentences carry it."""
+    from attnscale.audit import render
+    from attnscale.audit.claims import CLAIMS
+    from attnscale.audit.verdicts import seeds_sentence
+
+    near, far = pair(9, 0.06, noise=0.03), pair(11, 0.03, noise=0.3)
+    fam = C.family({"near": (arm(near[0]), arm(near[1])), "far": (arm(far[0]), arm(far[1]))},
+                   DELTA)
+    assert C.readings(fam) == ["inconclusive"] * 2
+    need = fam["near"]["seeds_to_decide"]
+    assert need and need < (fam["far"]["seeds_to_decide"] or 10**6)
+    text = seeds_sentence({"width 128": fam})
+    assert f"about {need} paired seeds (here 5)" in text and "(width 128 near)" in text
+    assert seeds_sentence(C.family({"x": (arm(pair(3, 0.2)[0]), arm(pair(3, 0.2)[1]))},
+                                   DELTA)) is None
+    c13 = next(c for c in CLAIMS if c.id == "C13")
+    import test_rules_training as TT
+    entry = render.judge(c13, TT.head_dim(TT.Draw(1), 0.0, noise=5 * DELTA))
+    assert entry["verdict"] == "inconclusive" and "paired seeds (here 5)" in entry["plain"][-1]
+    decided = render.judge(c13, TT.head_dim(TT.Draw(1), TT.growing))
+    assert not any("paired seeds" in p for p in decided["plain"])

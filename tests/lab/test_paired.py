@@ -19,6 +19,7 @@ from attnscale.lab.paired import (
     paired_differences,
     paired_effect,
     reading_pvalues,
+    seeds_to_decide,
 )
 
 
@@ -183,3 +184,20 @@ def test_non_inferiority_is_weaker_than_equal_and_needs_no_lower_bound():
     a, b = arms(0.0, 0.3, seed=4)
     c = compare_family({"x": (a, b)}, 0.05)["x"]
     assert not c.not_greater and not c.not_less
+
+
+def test_seeds_to_decide_is_the_least_n_whose_interval_clears_delta():
+    """At the measured mean and sd, n seeds decide when t_{n−1}(1 − α)·sd/√n < ||m| − δ|; the
+    figure is the least such n (checked against scipy by hand), None on the boundary."""
+    a, b = arms(0.06, 0.03, seed=2)
+    c = compare_family({"x": (a, b)}, 0.05)["x"]
+    d = paired_differences(a, b)
+    need = seeds_to_decide(d, 0.05, 0.025)
+    if c.reading == INCONCLUSIVE:
+        assert c.seeds_to_decide == need
+    margin, sd = abs(abs(d.mean()) - 0.05), d.std(ddof=1)
+    half = lambda n: stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)  # noqa: E731
+    assert half(need) < margin <= half(need - 1) or need == len(d)
+    assert seeds_to_decide(np.array([0.05, 0.04, 0.06]), 0.05, 0.025) is None  # on +δ
+    assert seeds_to_decide(np.full(3, 0.2), 0.05, 0.025) == 6  # sign test: 2⁻⁶ < 0.025
+    assert compare_family({"x": arms(0.3, 0.02)}, 0.05)["x"].seeds_to_decide is None  # decided

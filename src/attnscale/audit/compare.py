@@ -39,7 +39,8 @@ def undecided(why: str, smallest: float) -> dict[str, Any]:
     nan = math.nan
     return {"mean": nan, "lo": nan, "hi": nan, "n": 0, "p": nan, "reading": INCONCLUSIVE,
             "p_holm": nan, "smallest": smallest, "lo_holm": nan, "hi_holm": nan,
-            "confidence_holm": nan, "not_greater": False, "not_less": False, "why": why}
+            "confidence_holm": nan, "not_greater": False, "not_less": False,
+            "seeds_to_decide": None, "why": why}
 
 
 def family(pairs: Mapping[str, Pair], smallest: float | Mapping[str, float],

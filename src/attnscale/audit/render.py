@@ -15,7 +15,14 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 from attnscale.audit.claims import CLAIMS, QUESTIONS, Claim
-from attnscale.audit.verdicts import ERROR, Evidence, MissingEvidence, failure
+from attnscale.audit.verdicts import (
+    ERROR,
+    INCONCLUSIVE,
+    Evidence,
+    MissingEvidence,
+    failure,
+    seeds_sentence,
+)
 from attnscale.util.jsonio import dumps, jsonable
 
 CLAIMS_DOC = "docs/claims.md"  # where the claims are stated, relative to the source tree
@@ -43,7 +50,10 @@ def judge(claim: Claim, ev: Evidence, figures: list[str] = ()) -> dict[str, Any]
                           "fix the cause and rerun the report (finished runs are reused)."],
                 "regime": "", "smallest": "", "rule": claim.rule,
                 "because": where, "numbers": {}, "error": error}
-    return {**entry, "verdict": v.verdict, "headline": v.headline, "plain": list(v.plain),
+    plain = list(v.plain)
+    if v.verdict == INCONCLUSIVE and (more := seeds_sentence(v.numbers)):
+        plain.append(more)
+    return {**entry, "verdict": v.verdict, "headline": v.headline, "plain": plain,
             "regime": v.regime, "smallest": v.smallest, "rule": v.rule, "because": v.because,
             "numbers": jsonable(v.numbers)}
 

@@ -94,6 +94,29 @@ def fmt_effect(c: dict[str, Any], unit: str = "", digits: int = 3) -> str:
             f"{c['reading']}{holm}{why}")
 
 
+def undecided_comparisons(numbers: Any, name: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every inconclusive comparison in a verdict's numbers, however nested, with its path."""
+    if isinstance(numbers, dict):
+        if numbers.get("reading") == INCONCLUSIVE and "seeds_to_decide" in numbers:
+            return [(name, numbers)]
+        return [x for k, v in numbers.items()
+                for x in undecided_comparisons(v, f"{name} {k}".strip())]
+    return []
+
+
+def seeds_sentence(numbers: Any) -> str | None:
+    """For an inconclusive verdict: how many paired seeds the measured spread says would decide
+    its nearest undecided comparison, or None where none can be planned."""
+    found = [(k, c) for k, c in undecided_comparisons(numbers) if c.get("seeds_to_decide")]
+    if not found:
+        return None
+    name, c = min(found, key=lambda kc: kc[1]["seeds_to_decide"])
+    lean = "inside ±δ" if abs(c["mean"]) < c["smallest"] else "past ±δ"
+    return (f"At its measured mean ({c['mean']:+.3g}, {lean}) and spread, about "
+            f"{c['seeds_to_decide']} paired seeds (here {c['n']}) would decide the nearest "
+            f"undecided comparison ({name}); a planning figure, since new seeds move the mean.")
+
+
 def aggregate(readings: list[str], favour: set[str], against: set[str]) -> str:
     """A claim's verdict from its comparisons' readings: SUPPORTED if every reading favours the
     claim, REFUTED if every reading is against it, DEPENDS if some favour and some are against,

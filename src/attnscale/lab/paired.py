@@ -165,13 +165,30 @@ def no_worse_pvalues(a: Mapping[Any, float], b: Mapping[Any, float],
                                                       alternative="greater").pvalue)}
 
 
+def seeds_to_decide(d: np.ndarray, smallest: float, alpha: float, cap: int = 1000) -> int | None:
+    """How many paired seeds would decide a comparison at its measured mean m and spread sd:
+    the least n with t_{n−1}(1 − α)·sd/√n < | |m| − δ | (the one-sided level α it was tested
+    at, so the interval clears ±δ or fits inside it), or with no spread the sign test's
+    ⌈log₂(1/α)⌉. None when |m| sits on ±δ or more than ``cap`` seeds would be needed. A plug-in
+    planning figure (Julious 2004, Stat. Med. 23(12)), not a promise: the next seeds move m."""
+    m, margin = float(d.mean()), abs(abs(float(d.mean())) - smallest)
+    if not 0.0 < alpha < 0.5 or margin <= 1e-12 * max(1.0, abs(m)):
+        return None
+    if no_spread(d):
+        return max(len(d), math.ceil(math.log2(1.0 / alpha)))
+    n = np.arange(max(2, len(d)), cap + 1)
+    ok = scipy.stats.t.ppf(1 - alpha, n - 1) * float(d.std(ddof=1)) / np.sqrt(n) < margin
+    return int(n[np.argmax(ok)]) if ok.any() else None
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One comparison of a claim: the paired effect, its reading after Holm's correction across
     the claim's comparisons, that reading's Holm-adjusted p-value, the smallest real effect,
     the interval that agrees with the reading (:func:`holm_interval`), and the two
     non-inferiority readings (:func:`no_worse_pvalues`, Holm-adjusted over the same family):
-    ``not_greater`` (a is less than δ above b) and ``not_less``."""
+    ``not_greater`` (a is less than δ above b) and ``not_less``; for an inconclusive reading,
+    :func:`seeds_to_decide` at the level Holm tested it at."""
 
     effect: Effect
     reading: str
@@ -182,13 +199,14 @@ class Comparison:
     holm_confidence: float = math.nan
     not_greater: bool = False
     not_less: bool = False
+    seeds_to_decide: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain numbers, for evidence and JSON."""
         return {**self.effect.to_dict(), "reading": self.reading, "p_holm": self.p_holm,
                 "smallest": self.smallest, "lo_holm": self.holm_low, "hi_holm": self.holm_high,
                 "confidence_holm": self.holm_confidence, "not_greater": self.not_greater,
-                "not_less": self.not_less}
+                "not_less": self.not_less, "seeds_to_decide": self.seeds_to_decide}
 
 
 def holm_interval(a: Mapping[Any, float], b: Mapping[Any, float], p: float, p_holm: float,
@@ -243,11 +261,15 @@ def compare_family(
     ni = {k: no_worse_pvalues(a, b, deltas[k]) for k, (a, b) in pairs.items()}
     held = {side: dict(zip(ni, (p <= alpha_side for p in holm([ni[k][side] for k in ni])),
                            strict=True)) for side in ("not_greater", "not_less")}
-    return {k: Comparison(effects[k], best[k][0] if adjusted[k] <= alpha_side else INCONCLUSIVE,
-                          adjusted[k], deltas[k],
-                          *holm_interval(*pairs[k], best[k][1], adjusted[k], confidence),
-                          not_greater=held["not_greater"][k], not_less=held["not_less"][k])
-            for k in pairs}
+    out = {}
+    for k, (a, b) in pairs.items():
+        reading = best[k][0] if adjusted[k] <= alpha_side else INCONCLUSIVE
+        low, high, level = holm_interval(a, b, best[k][1], adjusted[k], confidence)
+        need = (seeds_to_decide(paired_differences(a, b), deltas[k], (1 - level) / 2)
+                if reading == INCONCLUSIVE else None)
+        out[k] = Comparison(effects[k], reading, adjusted[k], deltas[k], low, high, level,
+                            held["not_greater"][k], held["not_less"][k], need)
+    return out
 
 
 def classify(effect: Effect, smallest: float) -> str:
