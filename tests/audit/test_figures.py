@@ -44,7 +44,9 @@ def head_dim(unit_gap: float) -> dict[str, Any]:
                 "scaled_dot": around(2.0, seed=j), "dot": around(2.0 + slope * j, seed=j + 10),
                 "dot_absorbed": around(2.0, seed=j + 20)}
     return {"loss": loss, "inits": ["gpt2", "unit"], "head_dims": dims, "seeds": list(SEEDS),
-            "entropy_init": {}, "entropy_end": {}}
+            "entropy_init": {}, "entropy_end": {},
+            "identity": {"exact": [{"d_k": d, "steps": 20, "max_loss_diff": 0.0,
+                                    "clipped_steps": 4} for d in dims], "partial": []}}
 
 
 def sweep_arm(scale: float, seed: int) -> dict[str, Any]:

@@ -81,7 +81,8 @@ def test_rerun_reuses_everything(tiny):
     assert again["n_runs"] == first["n_runs"]
     with Store(out / "results.db") as store:  # every measurement is cached in the one store
         kinds = {r[0] for r in store.conn.execute("SELECT kind FROM measurements")}
-    assert kinds == {"implementation", "qk", "rem", "bench", "jacobian", "minilm", "explorer"}
+    assert kinds == {"implementation", "qk", "rem", "bench", "jacobian", "minilm", "explorer",
+                     "identity"}
 
 
 def test_html_escapes_every_string():

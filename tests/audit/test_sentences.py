@@ -55,7 +55,6 @@ CASES: dict[str, dict[str, Callable[[], Verdict]]] = {
     },
     "C7": {
         V.SUPPORTED: lambda: rules_training.judge_c7(TT.head_dim(TT.Draw(0), 0.0)),
-        V.REFUTED: lambda: rules_training.judge_c7(TT.head_dim(TT.Draw(0), 0.2, absorbed=0.2)),
         V.DEPENDS: lambda: rules_training.judge_c7(TT.head_dim(TT.Draw(0), 0.2, absorbed=0.0)),
         V.INCONCLUSIVE: lambda: rules_training.judge_c7(TT.head_dim(TT.Draw(0, n=2), 0.0)),
     },
@@ -119,6 +118,8 @@ def test_no_sentence_reads_as_another_verdict(claim, verdict):
 
 
 def test_every_rule_with_worded_verdicts_is_covered():
-    """Each of these rules gives all four verdicts here, so a new wording is checked."""
-    assert all(set(by) == set(V.VERDICTS) for by in CASES.values())
+    """Each of these rules gives every verdict it can here, so a new wording is checked (C7
+    cannot be refuted: that would need the exact identity to fail, which raises)."""
+    assert all(set(by) == set(V.VERDICTS) - ({V.REFUTED} if c == "C7" else set())
+               for c, by in CASES.items())
     assert set(CASES) == {"C3", "C4", "Q3", "C7", "C13", "C6", "C11", "Q1", "C10"}

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnscale.audit.studies import Preset
+from attnscale.audit.studies import TEXT, Preset
 from attnscale.core.attention import attention, reference_attention
 from attnscale.lab.store import Store
 from attnscale.measure import inspection, jacobian, montecarlo, overhead, theory
@@ -50,6 +50,8 @@ def measure_all(p: Preset, store: Store, say: Callable[[str], None]) -> dict[str
         "jacobian": ({"rows": p.jacobian_rows, "law": 1},
                      lambda: jacobian.standard_measurement(rows=p.jacobian_rows)),
         "minilm": ({"sentences": p.inspect_sentences}, lambda: measure_minilm(p)),
+        "identity": ({"head_dims": list(p.head_dims), "steps": IDENTITY_STEPS},
+                     lambda: measure_identity(p)),
     }
     measured = {}
     for kind, (params, compute) in jobs.items():
@@ -154,6 +156,26 @@ def measure_rem(p: Preset) -> dict[str, Any]:
         "grad_norm": norms,
         "grad_ratio_64": norms["dot"] / norms["scaled_dot"],
     }
+
+
+IDENTITY_STEPS = 20  # float64 steps: past warmup, clipping active at the larger d_k
+
+
+def measure_identity(p: Preset, steps: int = IDENTITY_STEPS) -> dict[str, Any]:
+    """C7: the absorbed-scale identity in float64 at every d_k of the head-dimension study
+    (unit init, LR 1e-2, seed 0): {"exact": [...], "partial": [...]}, where "partial" (the
+    largest d_k only: it is context) leaves Adam's ε and the clip uncorrected
+    (:func:`attnscale.lab.identity.absorbed_identity`)."""
+    from attnscale.lab.identity import absorbed_identity
+
+    out: dict[str, Any] = {"exact": [], "partial": []}
+    for d in p.head_dims:
+        config = {**TEXT, "n_heads": 1, "d_model": d, "init": "unit", "lr": 1e-2, "seed": 0,
+                  "steps": steps, "warmup_steps": 2}
+        for kind in ("exact", "partial") if d == p.head_dims[-1] else ("exact",):
+            r = absorbed_identity(config, steps, partial=kind == "partial")
+            out[kind].append({k: v for k, v in r.items() if k != "losses"})
+    return out
 
 
 def measure_minilm(p: Preset) -> dict[str, Any]:

@@ -1,5 +1,15 @@
-"""Building a run from its :class:`TrainConfig`: the task, the model, the optimizer and the
-learning-rate schedule (linear warmup, then cosine decay to ``min_lr_ratio``·lr).
+"""Building a run from its :class:`TrainConfig`: the task, the model, the optimizer, gradient
+clipping and the learning-rate schedule (linear warmup, then cosine decay to ``min_lr_ratio``·lr).
+
+``absorb_scale`` is an exact reparametrization, not an approximation. With c = d_k^(−1/4), train
+an unscaled score on W_q' = c·W_q, W_k' = c·W_k: the logits are q'·k' = (q·k)/√d_k, and the
+gradients are g' = g/c. AdamW then reproduces scaled attention step for step when, for the q
+and k projections only, (1) the init is multiplied by c, (2) the LR by c (Adam's m/√v is
+invariant to the gradient's scale, so Δ W' = c·Δ W), (3) Adam's ε by 1/c (m'/(√v' + ε') =
+m/(√v + c·ε')), (4) weight decay is independent of the LR (W' and W decay by the same factor,
+as here), and (5) gradient clipping reads the norm the scaled model would see (each q, k
+gradient times c), so both clip by the same coefficient. Without (3) and (5) the arms drift
+apart: ε matters where √v is small and a global clip sees a different norm.
 """
 
 from __future__ import annotations
@@ -14,8 +24,8 @@ from attnscale.lab.config import TrainConfig
 from attnscale.lab.models import GPT, GPTConfig
 from attnscale.lab.tasks import Task, make_task
 
-__all__ = ["absorb_factor", "build_model", "build_optimizer", "build_task", "lr_at",
-           "qk_projections"]
+__all__ = ["absorb_factor", "build_model", "build_optimizer", "build_task", "clip_gradients",
+           "lr_at", "qk_projections"]
 
 
 def build_task(config: TrainConfig) -> Task:
@@ -30,9 +40,8 @@ def qk_projections(model: nn.Module) -> list[nn.Parameter]:
 
 
 def absorb_factor(config: TrainConfig) -> float:
-    """d_k^(−1/4) under ``absorb_scale``, else 1: multiplying both the q and k projections by
-    it scales q·k by 1/√d_k, and (Adam's update being invariant to the gradient's scale) their
-    LR by the same factor keeps their relative updates those of scaled_dot."""
+    """c = d_k^(−1/4) under ``absorb_scale``, else 1: the q and k projections' init and LR are
+    multiplied by c and their Adam ε divided by it (module docstring: exactly scaled_dot)."""
     return (config.d_model // config.n_heads) ** -0.25 if config.absorb_scale else 1.0
 
 
@@ -77,23 +86,49 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     """
     scales = model.lr_scales() if hasattr(model, "lr_scales") else {}
     absorbed = {id(p) for p in qk_projections(model)} if config.absorb_scale else set()
-    factor = absorb_factor(config)
+    c = absorb_factor(config)
     decays = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))}
-    groups: dict[tuple[bool, float], list[nn.Parameter]] = {}
+    groups: dict[tuple[bool, float, bool], list[nn.Parameter]] = {}
     for name, p in model.named_parameters():
-        lr_factor = scales.get(name, 1.0) * (factor if id(p) in absorbed else 1.0)
-        groups.setdefault((id(p) in decays, lr_factor), []).append(p)
+        qk = id(p) in absorbed
+        lr_factor = scales.get(name, 1.0) * (c if qk else 1.0)
+        groups.setdefault((id(p) in decays, lr_factor, qk), []).append(p)
     param_groups = [
         {
             "params": params,
             "lr_scale": factor,
             "weight_decay": config.weight_decay / (config.lr * factor) if decay else 0.0,
+            "eps": config.adam_eps / c if qk else config.adam_eps,
         }
-        for (decay, factor), params in groups.items()
+        for (decay, factor, qk), params in groups.items()
     ]
     return torch.optim.AdamW(
         param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.adam_eps
     )
+
+
+def clip_gradients(model: nn.Module, config: TrainConfig) -> float:
+    """Clip the gradients to norm ``config.grad_clip`` (0: off) and return the norm before.
+
+    Under ``absorb_scale`` the norm is the one the scaled model would see (the q and k
+    gradients times c = :func:`absorb_factor`), and every gradient is multiplied by the same
+    coefficient min(1, clip/(norm + 1e-6)) as :func:`torch.nn.utils.clip_grad_norm_` uses."""
+    max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
+    c = absorb_factor(config)
+    if c == 1.0:
+        return float(nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    qk = {id(p) for p in qk_projections(model)}
+    grads = [(p.grad, c if id(p) in qk else 1.0) for p in model.parameters()
+             if p.grad is not None]
+    if not grads:
+        return 0.0
+    norm = float(torch.linalg.vector_norm(torch.stack(
+        [torch.linalg.vector_norm(g.detach()) * k for g, k in grads])))
+    coef = min(1.0, max_norm / (norm + 1e-6))
+    if coef < 1.0:
+        for g, _ in grads:
+            g.detach().mul_(coef)
+    return norm
 
 
 def lr_at(step: int, config: TrainConfig) -> float:

@@ -60,6 +60,7 @@ from attnscale.lab.build import (
     build_model,
     build_optimizer,
     build_task,
+    clip_gradients,
     lr_at,
     qk_projections,
 )
@@ -259,8 +260,7 @@ class Trainer:
         ce, z = losses(self.model(batch.tokens, batch.scale), batch.targets)
         self.optimizer.zero_grad(set_to_none=True)
         (ce + cfg.z_loss * z if cfg.z_loss else ce).backward()
-        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-        grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        grad_norm = clip_gradients(self.model, cfg)  # exact under absorb_scale (lab.build)
         loss = ce.item()
         if self.initial_loss is None:
             self.initial_loss = loss
