@@ -50,7 +50,7 @@ def measure_all(p: Preset, store: Store, say: Callable[[str], None]) -> dict[str
         "jacobian": ({"rows": p.jacobian_rows, "law": 1},
                      lambda: jacobian.standard_measurement(rows=p.jacobian_rows)),
         "minilm": ({"sentences": p.inspect_sentences}, lambda: measure_minilm(p)),
-        "identity": ({"head_dims": list(p.head_dims), "steps": IDENTITY_STEPS},
+        "identity": ({"head_dims": list(p.head_dims), "steps": p.identity_steps},
                      lambda: measure_identity(p)),
     }
     measured = {}
@@ -158,10 +158,7 @@ def measure_rem(p: Preset) -> dict[str, Any]:
     }
 
 
-IDENTITY_STEPS = 20  # float64 steps: past warmup, clipping active at the larger d_k
-
-
-def measure_identity(p: Preset, steps: int = IDENTITY_STEPS) -> dict[str, Any]:
+def measure_identity(p: Preset) -> dict[str, Any]:
     """C7: the absorbed-scale identity in float64 at every d_k of the head-dimension study
     (unit init, LR 1e-2, seed 0): {"exact": [...], "partial": [...]}, where "partial" (the
     largest d_k only: it is context) leaves Adam's ε and the clip uncorrected
@@ -169,6 +166,7 @@ def measure_identity(p: Preset, steps: int = IDENTITY_STEPS) -> dict[str, Any]:
     from attnscale.lab.identity import absorbed_identity
 
     out: dict[str, Any] = {"exact": [], "partial": []}
+    steps = p.identity_steps
     for d in p.head_dims:
         config = {**TEXT, "n_heads": 1, "d_model": d, "init": "unit", "lr": 1e-2, "seed": 0,
                   "steps": steps, "warmup_steps": 2}

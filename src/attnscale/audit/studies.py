@@ -94,6 +94,7 @@ class Preset:
     inspect_sentences: int
     task_steps: dict[str, int] = field(default_factory=dict)
     jacobian_rows: int = 2000  # C10's Monte Carlo rows per (n, s)
+    identity_steps: int = 20  # C7's float64 identity check: past warmup, clipping active
     task_seeds: tuple[int, ...] = ()  # reported seeds of the task studies (default: ``seeds``)
 
     def __post_init__(self) -> None:
@@ -119,7 +120,8 @@ PRESETS: dict[str, Preset] = {
                    bench={"n_values": (64,), "min_repeats": 3, "target": 0.5, "budget_s": 2.0,
                           "threads": 1},
                    mc_samples=100, inspect_sentences=2,
-                   task_steps={"tau": 3, "salience": 3, "length": 3}, jacobian_rows=200),
+                   task_steps={"tau": 3, "salience": 3, "length": 3}, jacobian_rows=200,
+                   identity_steps=3),
     "quick": Preset("quick", seeds=(0, 1, 2), tune_seeds=(50,), steps=40, head_dims=(16, 64),
                     widths=(32,), lrs=(3e-3, 3e-2), tuned_lrs=(3e-3, 3e-2),
                     text_arms=TEXT_ARMS,
@@ -158,7 +160,7 @@ def cut_down(p: Preset) -> Preset:
                    steps=2, head_dims=(p.head_dims[0], p.head_dims[-1]), widths=p.widths[-1:],
                    lrs=p.lrs[:1], tuned_lrs=p.tuned_lrs[:1], bench=PRESETS["tiny"].bench,
                    mc_samples=100, inspect_sentences=2, task_steps=dict.fromkeys(p.task_steps, 2),
-                   jacobian_rows=200)
+                   jacobian_rows=200, identity_steps=3)
 
 
 TEXT = {"task": "text", "seq_len": 32, "batch_size": 16, "n_layers": 2, "mlp": False}
