@@ -238,13 +238,17 @@ def judge_q1(ev: Evidence) -> Verdict:
         per_width[w] = good or ([] if decided and has_modern else None)
     marks = [SUPPORTED if g else REFUTED if g == [] else INCONCLUSIVE for g in per_width.values()]
     verdict = aggregate(marks, {SUPPORTED}, {REFUTED})
-    plain = [f"{w}: {', '.join(g) if g else 'no modern score' if g == [] else 'undecided'} "
-             f"matches scaled_dot with lower LR sensitivity." for w, g in per_width.items()]
+    plain = [f"{w}: {', '.join(g)} {'matches' if len(g) == 1 else 'match'} scaled_dot with "
+             "lower LR sensitivity." if g else
+             f"{w}: no modern score matches scaled_dot with lower LR sensitivity." if g == []
+             else f"{w}: no score was shown to match scaled_dot with lower LR sensitivity, and "
+             "some comparisons there stay undecided." for w, g in per_width.items()]
     plain.append("What 'better' means here depends on the grid: sensitivity averages the loss "
                  "over LRs nobody would choose, which rewards scores that tolerate large LRs.")
     return Verdict(verdict, Q1_RULE, "; ".join(f"{k}: {fmt_effect(c)}" for k, c in
                                                comps.items()), comps,
-                   headline=f"{verdict}: " + "; ".join(f"{w}: {', '.join(g or []) or '—'}"
-                                                       for w, g in per_width.items()),
+                   headline=f"{verdict}: " + "; ".join(
+                       f"{w}: {', '.join(g) if g else '—' if g == [] else 'open'}"
+                       for w, g in per_width.items()),
                    plain=plain, regime=sweep_regime(ev, divergence_counts(ev)),
                    smallest=LOSS_WHY)

@@ -32,8 +32,9 @@ ANSWER_WORDS: dict[str, dict[str, str]] = {
     "Q1": {SUPPORTED: "Some match scaled dot's loss with lower LR sensitivity",
            REFUTED: "None matched scaled dot's loss with lower LR sensitivity",
            DEPENDS: "At some widths only",
-           INCONCLUSIVE: "Not decided at this scale: no modern score was decided both no worse "
-                         "in loss and lower in LR sensitivity"},
+           INCONCLUSIVE: "Not decided at every width: where no modern score was shown to "
+                         "match scaled dot's loss with lower LR sensitivity, comparisons stay "
+                         "open"},
     "Q2": {SUPPORTED: "Small: O(1), and the scale matters", REFUTED: "Large",
            DEPENDS: "Partly small", INCONCLUSIVE: "Not measured"},
     "Q3": {SUPPORTED: "Yes: log-length scaling lowers the loss",
