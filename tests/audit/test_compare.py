@@ -205,3 +205,13 @@ def test_an_inconclusive_verdict_says_how_many_seeds_would_decide():
     assert entry["verdict"] == "inconclusive" and "paired seeds (here 5)" in entry["plain"][-1]
     decided = render.judge(c13, TT.head_dim(TT.Draw(1), TT.growing))
     assert not any("paired seeds" in p for p in decided["plain"])
+
+
+def test_a_censored_comparison_plans_no_seeds_and_a_family_names_each_once():
+    a, b = pair(9, 0.06, noise=0.03)
+    c = C.family({"x": (arm(a, censored=True), arm(b))}, DELTA)["x"]
+    assert c["reading"] == "inconclusive" and c["seeds_to_decide"] is None
+    assert not C.no_worse(c) and not C.no_better(c)
+    with pytest.raises(ValueError, match="two families"):
+        C.family({"x": (arm(a), arm(b)), "y": (arm(a), arm(b))}, DELTA,
+                 holm_over=[["x", "y"], ["x"]])

@@ -8,7 +8,11 @@ from attnscale.audit.takeaways import answer, strip_verdict, takeaways
 
 
 def comp(mean: float, reading: str, n: int = 6) -> dict:
-    return {"mean": mean, "lo": mean - 0.05, "hi": mean + 0.05, "n": n, "reading": reading}
+    """A comparison as family() writes it; equal and less readings also pass non-inferiority
+    (no worse), equal and greater its mirror."""
+    return {"mean": mean, "lo": mean - 0.05, "hi": mean + 0.05, "n": n, "reading": reading,
+            "not_greater": reading in ("equal", "less"),
+            "not_less": reading in ("equal", "greater")}
 
 
 def entries(gap: float, gap_reading: str, c13: str, tau1: str = "greater",

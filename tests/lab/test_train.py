@@ -338,3 +338,17 @@ def test_absorb_scale_needs_an_unscaled_score():
     with pytest.raises(ValueError, match="absorb_scale"):
         TrainConfig(score="scaled_dot", absorb_scale=True)
     assert TrainConfig(score="dot", absorb_scale=True).absorb_scale
+
+
+def test_absorbed_clip_spreads_a_nan_norm_as_torch_does():
+    """clip_gradients under absorb_scale: a NaN gradient norm makes every gradient NaN, as
+    torch.nn.utils.clip_grad_norm_ does, so both arms of the identity fail alike."""
+    from attnscale.lab.build import clip_gradients
+
+    cfg = TrainConfig(task="text", d_model=16, n_heads=1, n_layers=1, mlp=False, seq_len=8,
+                      absorb_scale=True, score="dot")
+    model = torch.nn.Linear(2, 2)
+    model.weight.grad = torch.tensor([[float("nan"), 1.0], [1.0, 1.0]])
+    model.bias.grad = torch.ones(2)
+    assert math.isnan(clip_gradients(model, cfg))
+    assert torch.isnan(model.bias.grad).all()

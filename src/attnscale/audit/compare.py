@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from attnscale.lab.paired import EQUAL, GREATER, INCONCLUSIVE, LESS, MIN_SEEDS, compare_family
+from attnscale.lab.paired import INCONCLUSIVE, MIN_SEEDS, compare_family
 
 Pair = tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]
 
@@ -54,6 +54,10 @@ def family(pairs: Mapping[str, Pair], smallest: float | Mapping[str, float],
     unknown = sorted({k for g in groups for k in g} - set(pairs))
     if unknown:
         raise ValueError(f"holm_over names comparisons that are not in pairs: {unknown}")
+    named = [k for g in groups for k in g]
+    if len(named) != len(set(named)):
+        raise ValueError(f"holm_over names a comparison in two families: "
+                         f"{sorted({k for k in named if named.count(k) > 1})}")
     grouped = {k for g in groups for k in g}
     groups += [[k] for k in pairs if k not in grouped]
     out: dict[str, Any] = {}
@@ -83,19 +87,20 @@ def _read_family(pairs: Mapping[str, Pair],
             censored = [x for x, arm in zip("ab", pairs[k], strict=True) if arm.get("censored")]
             if censored:
                 out[k].update(reading=INCONCLUSIVE, not_greater=False, not_less=False,
+                              seeds_to_decide=None,  # more seeds cannot fix a censored LR
                               why="best LR at the edge of the grid (censored)")
     return {k: out[k] for k in pairs}
 
 
 def no_worse(c: Mapping[str, Any]) -> bool:
-    """"Equal or better" (a − b below +δ): a non-inferiority reading, or a reading of equal or
-    less."""
-    return c["reading"] in (EQUAL, LESS) or bool(c.get("not_greater"))
+    """"Equal or better" (a − b below +δ): the non-inferiority reading alone, one test with its
+    own Holm family (or-ing it with the equal/less reading would spend α twice)."""
+    return bool(c.get("not_greater"))
 
 
 def no_better(c: Mapping[str, Any]) -> bool:
     """The mirror of :func:`no_worse`: a − b above −δ."""
-    return c["reading"] in (EQUAL, GREATER) or bool(c.get("not_less"))
+    return bool(c.get("not_less"))
 
 
 def mean(arm: Mapping[str, Any] | None) -> float:

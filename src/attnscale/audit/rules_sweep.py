@@ -28,7 +28,7 @@ from attnscale.audit.verdicts import (
     aggregate,
     fmt_effect,
 )
-from attnscale.lab.paired import GREATER, LESS
+from attnscale.lab.paired import EQUAL, GREATER, LESS
 
 GPT2 = "GPT-2 init (weights std 0.02), character-level text"
 
@@ -205,9 +205,10 @@ Q1_RULE = ("The modern scores (qk_layernorm, softcap, learned-τ cosine) against
            "each width of the LR sweep: paired per-seed differences of clipped loss (LR chosen "
            "leave-one-seed-out) and of LR sensitivity (mean clipped loss over the grid above a "
            "reference shared by every arm). A score 'matches with lower sensitivity' if its "
-           "loss is no worse (non-inferior within δ) AND its sensitivity reads less. Holm over "
-           "the sensitivity comparisons of one width (the rule asks whether SOME score does); "
-           "each loss comparison, read only through 'and', alone. "
+           "loss is no worse (non-inferior within δ) AND its sensitivity reads less; it does "
+           "not if either half is shown to fail. Holm over the loss comparisons of one width "
+           "and, separately, over its sensitivity comparisons (the rule asks whether SOME "
+           "score does). "
            "Supported (Wortsman et al. 2023) if at every width some modern score does (not "
            "necessarily the same one); refuted if at every width every score is decided and "
            "none does; depends if it holds at some widths only; inconclusive otherwise")
@@ -223,9 +224,9 @@ def judge_q1(ev: Evidence) -> Verdict:
             pairs[f"{w} {m} sensitivity"] = (sweep_arm(ev, w, m, "sensitivity"),
                                              sweep_arm(ev, w, "scaled_dot", "sensitivity"))
             deltas[f"{w} {m} loss"] = deltas[f"{w} {m} sensitivity"] = LOSS_DELTA
-    sens = [[k for k in pairs if k.startswith(f"{w} ") and k.endswith(" sensitivity")]
-            for w in ev["loss"]]
-    comps = family(pairs, deltas, holm_over=[g for g in sens if g]) if pairs else {}
+    groups = [[k for k in pairs if k.startswith(f"{w} ") and k.endswith(f" {kind}")]
+              for w in ev["loss"] for kind in ("loss", "sensitivity")]
+    comps = family(pairs, deltas, holm_over=[g for g in groups if g]) if pairs else {}
     per_width = {}
     for w, row in ev["loss"].items():
         good, decided = [], True
@@ -233,7 +234,9 @@ def judge_q1(ev: Evidence) -> Verdict:
             loss, sens = comps[f"{w} {m} loss"], comps[f"{w} {m} sensitivity"]["reading"]
             if no_worse(loss) and sens == LESS:
                 good.append(m)
-            decided &= (no_worse(loss) or loss["reading"] == GREATER) and sens != INCONCLUSIVE
+            # decided not to match: one half shown to fail is enough
+            decided &= (no_worse(loss) and sens == LESS) or loss["reading"] == GREATER \
+                or sens in (EQUAL, GREATER)
         has_modern = any(m in row for m in MODERN)
         per_width[w] = good or ([] if decided and has_modern else None)
     marks = [SUPPORTED if g else REFUTED if g == [] else INCONCLUSIVE for g in per_width.values()]

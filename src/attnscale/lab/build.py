@@ -124,8 +124,9 @@ def clip_gradients(model: nn.Module, config: TrainConfig) -> float:
         return 0.0
     norm = float(torch.linalg.vector_norm(torch.stack(
         [torch.linalg.vector_norm(g.detach()) * k for g, k in grads])))
-    coef = min(1.0, max_norm / (norm + 1e-6))
-    if coef < 1.0:
+    coef = max_norm / (norm + 1e-6)
+    coef = min(1.0, coef) if math.isfinite(norm) else coef  # torch's: a NaN norm spreads NaN
+    if not coef >= 1.0:
         for g, _ in grads:
             g.detach().mul_(coef)
     return norm
