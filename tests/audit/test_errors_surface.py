@@ -4,46 +4,63 @@ never as ``inconclusive``; the evidence on the page is never cut short."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from pydantic import Field
 
 from attnscale.audit import render, takeaways
 from attnscale.audit import report as R
-from attnscale.audit.claims import Claim
+from attnscale.audit.claim import Claim, Sources
+from attnscale.audit.evidence import Model
+from attnscale.audit.schema import report_schema
+from attnscale.audit.studies import PRESETS, Study
 from attnscale.audit.verdicts import ERROR, SUPPORTED, MissingEvidence, Verdict
 
-SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "report.schema.json").read_text())
+SCHEMA = report_schema()
 
 
-def claim(judge) -> Claim:
-    return Claim("C1", "a claim", "what it measures", "the rule, printed in full as on the page",
-                 judge)
+class Ev(Model):
+    x: float
+    values: list[int] = Field(default_factory=list)
 
 
-def fine(ev) -> Verdict:
-    return Verdict(SUPPORTED, "the rule", "because", {"x": ev["x"]})
+def claim(judge, ev: dict[str, Any] | None = None, cid: str = "C1",
+          studies: tuple[str, ...] = ()) -> Claim:
+    return Claim(cid, "a claim", "what it measures", "the rule, printed in full as on the page",
+                 Ev, lambda src: {"x": 1.0} if ev is None else ev, judge, studies=studies)
 
 
-def broken_arithmetic(ev) -> Verdict:
-    return Verdict(SUPPORTED, "the rule", f"{ev['x'] / 0}")
+def sources(**kw: Any) -> Sources:
+    return Sources(PRESETS["tiny"], kw.get("studies", {}), kw.get("runs", {}), {})
+
+
+def judged(c: Claim, src: Sources | None = None) -> dict[str, Any]:
+    return render.judge(c, src or sources())[0]
+
+
+def fine(ev: Ev) -> Verdict:
+    return Verdict(SUPPORTED, "the rule", "because", {"x": ev.x})
+
+
+def broken_arithmetic(ev: Ev) -> Verdict:
+    return Verdict(SUPPORTED, "the rule", f"{ev.x / 0}")
 
 
 def missing_arm(ev) -> Verdict:
     raise MissingEvidence("arm 'cosine' at d_model=32 has no finished run")
 
 
-@pytest.mark.parametrize(("judge", "named"), [
-    (broken_arithmetic, "a bug: ZeroDivisionError: float division by zero"),
-    (missing_arm, "missing evidence: arm 'cosine' at d_model=32 has no finished run"),
-    (lambda ev: fine({}), "missing evidence or a bug: no key 'x'"),
-    (lambda ev: Verdict("maybe", "r", "b"), "a bug: ValueError: verdict must be one of"),
+@pytest.mark.parametrize(("judge", "ev", "named"), [
+    (broken_arithmetic, None, "a bug: ZeroDivisionError: float division by zero"),
+    (missing_arm, None, "missing evidence: arm 'cosine' at d_model=32 has no finished run"),
+    (fine, {}, "missing evidence: C1: evidence does not fit Ev (x: Field required)"),
+    (fine, {"x": "a lot"}, "a bug: ValueError: C1: evidence does not fit Ev (x: Input should"),
+    (lambda ev: Verdict("maybe", "r", "b"), None, "a bug: ValueError: verdict must be one of"),
 ])
-def test_a_rule_that_raises_is_an_error_entry_never_a_verdict(judge, named):
-    entry = render.judge(claim(judge), {"x": 1.0})
+def test_a_rule_that_raises_is_an_error_entry_never_a_verdict(judge, ev, named):
+    entry = judged(claim(judge, ev))
     assert entry["verdict"] == ERROR and entry["error"].startswith(named)
     assert entry["headline"].startswith("error: ") and "not a verdict" in entry["plain"][0]
     assert entry["numbers"] == {} and "Traceback" in entry["because"]
@@ -51,7 +68,7 @@ def test_a_rule_that_raises_is_an_error_entry_never_a_verdict(judge, named):
 
 
 def test_a_rule_that_works_has_no_error():
-    entry = render.judge(claim(fine), {"x": 2.0})
+    entry = judged(claim(fine, {"x": 2.0}))
     assert entry["verdict"] == SUPPORTED and "error" not in entry
     assert entry["numbers"] == {"x": 2.0} and render.errors([entry]) == []
 
@@ -63,7 +80,7 @@ def page_report(entries: list[dict[str, Any]], errors: list[dict[str, str]]) -> 
 
 
 def test_the_page_shows_each_error_with_where_it_failed():
-    entry = {**render.judge(claim(broken_arithmetic), {"x": 1.0}),
+    entry = {**judged(claim(broken_arithmetic)),
              "figure_errors": ["a bug: IndexError: list index out of range"], "scale": ""}
     errors = render.errors([entry])
     assert [e["where"] for e in errors] == ["rule", "figure"]
@@ -72,36 +89,36 @@ def test_the_page_shows_each_error_with_where_it_failed():
     assert "Error, not a verdict:" in html and "ZeroDivisionError" in html
     assert "A figure failed to draw:" in html and "IndexError" in html
     assert '<span class="verdict error">error</span>' in html
-    clean = render.render_html(page_report([render.judge(claim(fine), {"x": 1.0})], []), "")
+    clean = render.render_html(page_report([judged(claim(fine))], []), "")
     assert "error-banner" not in clean.split("</style>")[1]
 
 
 def test_the_evidence_on_the_page_is_never_cut_short():
     big = {"values": list(range(30000))}  # about 200k characters as JSON
-    entry = render.judge(claim(fine), {"x": 1.0, **big})
+    entry = judged(claim(fine, {"x": 1.0, **big}))
     html = render.render_html(page_report([entry], []), "")
     assert "29999" in html and "29998" in html
 
 
 def test_an_error_entry_validates_against_the_schema():
-    entry = {**render.judge(claim(missing_arm), {"x": 1.0}), "figure_errors": [], "scale": ""}
+    entry = {**judged(claim(missing_arm)), "figure_errors": [], "scale": ""}
     jsonschema.validate(entry, SCHEMA["$defs"]["entry"])
     jsonschema.validate(render.errors([entry]), SCHEMA["properties"]["errors"])
 
 
 def test_takeaways_and_answers_never_build_on_a_failed_rule():
-    entries = [{**render.judge(Claim(cid, "c", "m", "r", missing_arm), {}), "scale": ""}
+    entries = [{**judged(claim(missing_arm, cid=cid)), "scale": ""}
                for cid in [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3"]]
     for t in takeaways.takeaways(entries):
         assert t["answer"][0].startswith("Not answered: the rule"), t
         assert set(t["verdicts"].values()) == {ERROR}
-    assert takeaways.answer(entries[-1]).startswith("Not answered: missing evidence")
+    assert takeaways.answer(entries[-1], {}).startswith("Not answered: missing evidence")
 
 
 def test_the_cli_writes_the_report_and_exits_1_on_any_error(monkeypatch, tmp_path, capsys):
     from attnscale.cli import run as cli_run
 
-    entry = render.judge(claim(missing_arm), {})
+    entry = judged(claim(missing_arm))
 
     def build_report(*args, **kwargs):
         return {"claims": [entry], "questions": [], "smoke": False, "elapsed_s": 1.0,
@@ -113,21 +130,26 @@ def test_the_cli_writes_the_report_and_exits_1_on_any_error(monkeypatch, tmp_pat
     assert "error C1 (rule): missing evidence: arm 'cosine'" in " ".join(out.split())
 
 
+STUDY = Study("s", {"steps": 10}, ("dot", "scaled_dot"), (0.1,), (1, 2),
+              cells={"d_model": (32,)})
+
+
+def run(arm: str, seed: int, status: str = "done") -> dict[str, Any]:
+    return {"variant": arm, "status": status, "config": {"seed": seed, "d_model": 32}}
+
+
 def test_evidence_with_missing_runs_is_an_error_before_the_rule_runs():
-    entry = render.judge(claim(fine), {"x": 1.0, "missing": ["lr_text: d_model=32 dot seed 3"]})
+    runs = [run(a, s) for a in ("dot", "scaled_dot") for s in (1, 2)][:3]
+    entry = judged(claim(fine, studies=("s",)), sources(studies={"s": STUDY}, runs={"s": runs}))
     assert entry["verdict"] == ERROR
-    assert entry["error"] == ("missing evidence: 1 run(s) with no result, first lr_text: "
-                              "d_model=32 dot seed 3")
+    assert entry["error"] == ("missing evidence: 1 run(s) with no result, first s: "
+                              "d_model=32 scaled_dot seed 2")
 
 
 def test_missing_runs_names_each_cell_arm_and_seed_without_a_finished_run():
     from attnscale.audit.evidence import missing_runs
-    from attnscale.audit.studies import Study
 
-    study = Study("s", ("C6",), {}, ("dot", "scaled_dot"), (0.1,), (1, 2), cells={"d_model": (32,)})
-
-    def run(arm: str, seed: int, status: str = "done") -> dict[str, Any]:
-        return {"variant": arm, "status": status, "config": {"seed": seed, "d_model": 32}}
+    study = STUDY
 
     complete = [run(a, s) for a in ("dot", "scaled_dot") for s in (1, 2)]
     assert missing_runs(study, complete) == []
@@ -137,7 +159,7 @@ def test_missing_runs_names_each_cell_arm_and_seed_without_a_finished_run():
 
 
 def test_a_listed_figure_missing_from_disk_fails_the_page(tmp_path):
-    entry = {**render.judge(claim(fine), {"x": 1.0}),
+    entry = {**judged(claim(fine)),
              "figures": [{"path": str(tmp_path / "gone.png"), "alt": "a figure"}]}
     with pytest.raises(FileNotFoundError, match=r"gone\.png"):
         render.render_html(page_report([entry], []), "")

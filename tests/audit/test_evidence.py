@@ -50,7 +50,7 @@ def test_lr_sweep_sensitivity_and_instability_per_seed(store):
     a loss that climbed more than 1 nat above its own low and stayed there."""
     from attnscale.audit.studies import Study
     runs = runs_of(store, "lr_text")
-    study = Study("lr_text", ("C11",), {"seq_len": 32}, ("scaled_dot", "dot"), (1e-2, 1e-1),
+    study = Study("lr_text", {"seq_len": 32}, ("scaled_dot", "dot"), (1e-2, 1e-1),
                   (0, 1), cells={"d_model": (32,)})
     ev = E.lr_text_evidence(study, runs)
     dot = ev["sweep"]["d_model=32"]["dot"]
@@ -136,8 +136,8 @@ def test_study_runs_keep_only_the_studys_own_settings(store):
     made with its own base settings."""
     from attnscale.audit.running import study_runs
     from attnscale.audit.studies import Study
-    mine = Study("lr_text", ("C11",), {"task": "text"}, ("scaled_dot", "dot"), (1e-2,), (0, 1))
-    other = Study("lr_text", ("C11",), {"task": "text", "steps": 7}, ("scaled_dot",), (1e-2,),
+    mine = Study("lr_text", {"task": "text"}, ("scaled_dot", "dot"), (1e-2,), (0, 1))
+    other = Study("lr_text", {"task": "text", "steps": 7}, ("scaled_dot",), (1e-2,),
                   (0, 1))
     assert len(study_runs(store, mine)) == len(study_runs(store, "lr_text")) == 8
     assert study_runs(store, other) == []

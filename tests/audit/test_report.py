@@ -12,13 +12,22 @@ import time
 from pathlib import Path
 
 import jsonschema
+import matplotlib.pyplot as plt
 import pytest
 
 from attnscale.audit import render
 from attnscale.audit import report as R
+from attnscale.audit.claim import Claim, Measurement, all_claims, registered
+from attnscale.audit.evidence import Model
+from attnscale.audit.measurements import measurement_key
+from attnscale.audit.schema import base_schema, report_schema
+from attnscale.audit.theory_plots import save
+from attnscale.audit.verdicts import REFUTED, SUPPORTED, Verdict
 from attnscale.lab.store import Store
+from attnscale.util.provenance import versions
 
-SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "report.schema.json").read_text())
+SCHEMA = report_schema()
+DOCS_SCHEMA = Path(__file__).parents[2] / "docs" / "report.schema.json"
 IDS = [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3"]
 
 
@@ -81,8 +90,9 @@ def test_rerun_reuses_everything(tiny):
     assert again["n_runs"] == first["n_runs"]
     with Store(out / "results.db") as store:  # every measurement is cached in the one store
         kinds = {r[0] for r in store.conn.execute("SELECT kind FROM measurements")}
-    assert kinds == {"implementation", "qk", "rem", "bench", "jacobian", "minilm", "explorer",
-                     "identity"}
+    declared = {m.kind for c in all_claims() for m in c.measurements}
+    assert kinds == declared | {"explorer"}
+    assert {"exactness", "qk", "rem", "bench", "jacobian", "minilm", "identity"} <= declared
 
 
 def test_html_escapes_every_string():
@@ -225,3 +235,57 @@ def test_the_page_shows_each_verdicts_headline_and_plain_sentences():
     one, other = page("gap +0.35 nats"), page("gap -0.01 nats")
     assert "gap +0.35 nats" in one and "gap +0.35 nats" not in other
     assert "unit init" in one and "0.02 nats" in one and 'class="verdict inconclusive"' in one
+
+
+def test_the_docs_schema_is_the_registry_independent_part():
+    """docs/report.schema.json documents the fixed part of the schema; the registry adds one
+    entry per registered claim, in order (so a new claim needs no edit there)."""
+    assert json.loads(DOCS_SCHEMA.read_text()) == base_schema()
+    ids = [e["allOf"][1]["properties"]["id"]["const"]
+           for part in ("claims", "questions") for e in SCHEMA["properties"][part]["prefixItems"]]
+    assert ids == IDS
+
+
+class ToyEvidence(Model):
+    total: int
+
+
+def toy_judge(ev: ToyEvidence) -> Verdict:
+    ok = ev.total == 4
+    return Verdict(SUPPORTED if ok else REFUTED, "supported if 2 + 2 = 4", f"2 + 2 = {ev.total}",
+                   {"total": ev.total}, plain=[f"The toy measured 2 + 2 = {ev.total}."])
+
+
+def toy_draw(ev, numbers, folder):
+    fig, ax = plt.subplots()
+    ax.bar(["2 + 2"], [ev["total"]])
+    return [save(fig, folder, "c99_toy", f"The toy bar is {numbers['total']} high.")]
+
+
+TOY = Claim("C99", "A toy claim: 2 + 2 = 4.", "one addition", "supported if 2 + 2 = 4",
+            ToyEvidence, lambda src: src.measured["toy_total"], toy_judge, draw=toy_draw,
+            measurements=(Measurement("toy_total", lambda p: {}, lambda p: {"total": 2 + 2}),),
+            scale=lambda p: "one addition")
+
+
+def test_a_registered_toy_claim_appears_everywhere(tiny):
+    """One Claim registered (its module, in real use) reaches the measurements, report.json,
+    its schema, the figures, the page and the scale line, with no other edit."""
+    out, _, _ = tiny
+    with registered(TOY):
+        result = R.build_report("tiny", out=out, workers=2)
+        schema = report_schema()
+    toy = [c for c in result["claims"] if c["id"] == "C99"]
+    assert len(toy) == 1 and result["claims"][-1]["id"] == "C99"
+    toy = toy[0]
+    assert toy["verdict"] == SUPPORTED and toy["evidence"] == {"total": 4}
+    assert toy["scale"] == "one addition" and toy["figures"][0]["alt"] == "The toy bar is 4 high."
+    jsonschema.validate(json.loads((out / "report.json").read_text()), schema)
+    with pytest.raises(jsonschema.ValidationError):  # without the toy, the schema says no
+        jsonschema.validate(json.loads((out / "report.json").read_text()), SCHEMA)
+    page = (out / "index.html").read_text()
+    assert "A toy claim: 2 + 2 = 4." in page and "The toy bar is 4 high." in page
+    with Store(out / "results.db") as store:
+        assert store.get_measurement(measurement_key(
+            "toy_total", {"attnscale": versions().get("attnscale")})) == {"total": 4}
+    assert "C99" not in [c.id for c in all_claims()]  # the with block unregistered it

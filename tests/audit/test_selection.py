@@ -28,7 +28,7 @@ def grid_runs(table, arm="dot", **cell):
 
 def study(lr_choice="grid", seeds=(0, 1, 2, 3, 4), lrs=LRS, cells=None):
     tuned = {"tune_seeds": (50, 51)} if lr_choice == "tuned" else {}
-    return Study("s", ("C7",), {}, ("scaled_dot", "dot"), lrs, seeds, cells or {},
+    return Study("s", {}, ("scaled_dot", "dot"), lrs, seeds, cells or {},
                  lr_choice=lr_choice, **tuned)
 
 
@@ -175,17 +175,15 @@ def test_an_arm_whose_runs_measured_nothing_is_empty(lr_choice):
     ({0.01: 2.0, 0.03: 1.5, 0.0949: 1.2, 0.3: 1.0}, None),  # extended twice already: censored
     ({0.01: 2.0, 0.03: 1.0, 0.1: 1.5}, None),  # an interior optimum
 ])
-def test_a_grid_extends_at_most_extend_times_even_across_reruns(curve, expected, tmp_path,
-                                                                 monkeypatch):
+def test_a_grid_extends_at_most_extend_times_even_across_reruns(curve, expected, tmp_path):
     from attnscale.audit.running import StudyRunner
 
-    s = Study("s", ("C7",), {}, ("dot",), (0.01, 0.03), (0, 1, 2), lr_choice="tuned",
+    s = Study("s", {}, ("dot",), (0.01, 0.03), (0, 1, 2), lr_choice="tuned",
               tune_seeds=(50,), extend=2)
     runner = StudyRunner(tmp_path / "r.db", "local", 1, None)
     best = min(curve, key=curve.get)
     edge = best in (min(curve), max(curve))
-    monkeypatch.setattr(runner, "tuning", lambda study: {((), "dot"): (best, edge, curve)})
-    out = runner.extensions(s)
+    out = runner.extensions(s, {((), "dot"): (best, edge, curve)})
     if expected is None:
         assert out == {}
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from attnscale.audit import scale
+from attnscale.audit.claim import all_claims, get_claim
 from attnscale.audit.studies import PRESETS, cut_down
 from attnscale.audit.takeaways import answer, strip_verdict, takeaways
 
@@ -107,20 +108,22 @@ def test_missing_measurements_are_said_not_guessed():
 
 def test_questions_get_answers_not_verdicts():
     q = {"id": "Q3", "verdict": "refuted", "headline": "refuted: at n=128 log_length +0.01"}
-    assert answer(q) == "No measurable gain in loss (at n=128 log_length +0.01)"
-    assert answer({**q, "verdict": "supported", "headline": "supported"}).startswith("Yes")
+    words = get_claim("Q3").answers
+    assert answer(q, words) == "No measurable gain in loss (at n=128 log_length +0.01)"
+    assert answer({**q, "verdict": "supported", "headline": "supported"}, words).startswith("Yes")
     assert strip_verdict("supported, small: +3%", "supported") == "small: +3%"
 
 
 def test_scale_caveat_names_model_steps_and_seeds():
-    notes = scale.caveats(PRESETS["standard"])
-    ids = [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3"]
-    assert set(ids) <= set(notes) and all(notes[i] for i in ids)
+    def caveats(p):
+        return {c.id: scale.claim_scale(c, p) for c in all_claims()}
+    notes = caveats(PRESETS["standard"])
+    assert all(notes.values()) and len(notes) == 16
     assert "150 steps" in notes["C13"] and "6 seeds" in notes["C13"] and "width 16–256" in \
         notes["C13"]
     assert "10 seeds" in notes["C4"] and "200 steps" in notes["C4"]
     assert "× 7 LRs" in notes["C11"]
-    quick = scale.caveats(PRESETS["quick"])
+    quick = caveats(PRESETS["quick"])
     assert quick["C13"] != notes["C13"] and "40 steps" in quick["C13"]
 
 

@@ -1,10 +1,13 @@
-"""Evidence: per-claim dicts of numbers, built from the stored runs and measurements.
+"""Evidence from the training studies: typed models, and the readers that build them.
 
-Pure functions of the studies' runs (and the measurements already read). Training evidence is
-per seed: for each cell and arm, :class:`attnscale.audit.selection.ArmValues` (a value per
-reported seed at the arm's chosen LR, and whether that choice is censored). The rules
-(:mod:`attnscale.audit.rules_training`) compute paired effects from these per-seed values, so
-the statistics live in one place (:mod:`attnscale.lab.paired`).
+The readers are pure functions of a study's runs and return plain dicts (what report.json
+stores); each claim validates its evidence into a typed model before its rule reads it
+(:class:`attnscale.audit.claim.Claim`), so a rule reads attributes, never string keys, and a
+missing or mistyped number fails at that boundary with the field's name. Training evidence is
+per seed: for each cell and arm, an :class:`Arm` (a value per reported seed at the arm's chosen
+LR, and whether that choice is censored); the rules compute paired effects from these
+(:mod:`attnscale.audit.compare`), so the statistics live in one place
+(:mod:`attnscale.lab.paired`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
+from attnscale.audit.interval import Interval
 from attnscale.audit.selection import arm_values, cell_label, cells, clipped, in_cell
 from attnscale.audit.studies import VARIANTS, Study
 from attnscale.lab import analysis
@@ -24,6 +29,108 @@ from attnscale.measure import theory
 
 Run = Mapping[str, Any]
 Runs = dict[str, list[dict[str, Any]]]  # study name -> its finished runs
+
+
+class Model(BaseModel):
+    """Typed evidence: immutable, and no field it does not declare."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Arm(Model):
+    """One arm in one cell: a value per reported seed (keys are seeds as strings), the LR each
+    was read at, whether that LR choice is censored (best LR at the grid's edge), and the
+    tuning curve LR -> mean clipped loss."""
+
+    values: dict[str, float]
+    lrs: dict[str, float] = {}
+    censored: bool = False
+    curve: dict[str, float] = {}
+
+    def mean(self) -> float:
+        """Mean over seeds (nan when there are none)."""
+        return float(np.mean(list(self.values.values()))) if self.values else math.nan
+
+    def interval(self) -> Interval:
+        """Mean over seeds with its 95% Student-t interval."""
+        return Interval.of(list(self.values.values()))
+
+
+ArmTable = dict[str, dict[str, Arm]]  # cell label -> arm -> its per-seed values
+
+
+class HeadDim(Model):
+    """The head-dimension study (:func:`head_dim_evidence`): per (init, d_k) cell and arm the
+    clipped loss, layer-1 entropy at init and at the end, the step-0 logit std and the final
+    saturated-row fraction."""
+
+    loss: ArmTable
+    entropy_init: ArmTable
+    entropy_end: ArmTable
+    logit_std_init: ArmTable
+    saturated_end: ArmTable
+    inits: list[str]
+    head_dims: list[int]
+    seeds: list[int]
+
+    def arm(self, init: str, d: int | str, arm: str, table: str = "loss") -> Arm | None:
+        """One arm of one cell of ``table`` (None when it has no runs)."""
+        return getattr(self, table).get(f"init={init} d_model={d}", {}).get(arm)
+
+
+class SweepArm(Model):
+    """One arm at one width over the LR grid (:func:`lr_sweep_arm`)."""
+
+    sensitivity: dict[str, float]
+    unstable: dict[str, float]
+    n_runs: int
+    n_diverged: int
+    n_past_logit_limit: int
+    loss_by_lr: dict[str, float]
+    final_logit_by_lr: dict[str, dict[str, float]]
+    peak_logit_by_lr: dict[str, float | None]
+    unstable_by_lr: dict[str, float]
+    logit_curves: dict[str, list[tuple[int, float]]]
+
+
+class LRText(Model):
+    """The text LR study (:func:`lr_text_evidence`): LOO-chosen losses and the LR sweeps."""
+
+    loss: ArmTable
+    sweep: dict[str, dict[str, SweepArm]]
+    lrs: list[float]
+    n: int
+    logit_limit: float
+    loss_margin: float
+
+
+class Tau(Model):
+    """The retrieval study of cosine's temperature (:func:`tau_evidence`)."""
+
+    accuracy: ArmTable
+    loss: ArmTable
+    bound: dict[str, float]
+    n: int
+    chance: float
+
+
+class Accuracy(Model):
+    """Accuracy per arm, with the study's control arms and chance level."""
+
+    accuracy: ArmTable
+    controls: list[str] = []
+    chance: float
+
+
+class Length(Model):
+    """Trained at n, evaluated at longer lengths (:func:`length_evidence`): per length key
+    ("n=64") the eval loss, accuracy and attention weight on the answer."""
+
+    loss: dict[str, ArmTable]
+    accuracy: dict[str, ArmTable]
+    answer_weight: dict[str, ArmTable]
+    lengths: list[str]
+    chance: float
 
 # Wortsman et al. 2023's marker of logit growth (reported beside instability, not counted as
 # it: a run can pass it and train on), and how far a loss must climb above its own lowest
@@ -228,47 +335,3 @@ def missing_runs(study: Study, runs: list[Run]) -> list[str]:
             if not any(in_cell(r, cell, arm) and r["config"]["seed"] == seed for r in finished)]
 
 
-def collect_evidence(studies: dict[str, Study], runs: Runs,
-                     measured: dict[str, Any]) -> dict[str, Any]:
-    """Every claim's evidence dict, from the studies' runs and the measurements; a claim fed by
-    a study with missing runs carries them under ``"missing"``."""
-    evidence = claim_evidence(studies, runs, measured)
-    for name, study in studies.items():
-        lost = missing_runs(study, runs[name])
-        for cid in study.claims if lost else ():
-            evidence[cid] = {**evidence[cid], "missing": evidence[cid].get("missing", []) + lost}
-    return evidence
-
-
-def claim_evidence(studies: dict[str, Study], runs: Runs,
-                   measured: dict[str, Any]) -> dict[str, Any]:
-    """Every claim's evidence dict, from the studies' runs and the measurements."""
-    dk = head_dim_evidence(studies["head_dim"], runs["head_dim"])
-    text = lr_text_evidence(studies["lr_text"], runs["lr_text"])
-    tau = tau_evidence(studies["tau"], runs["tau"])
-    salience = accuracy_evidence(
-        studies["salience"], runs["salience"], controls=[a for a in studies["salience"].arms
-                                                         if a in ("uniform", "cue_none")],
-        chance=chance(studies["salience"]))
-    final_logit = {w: a.get("scaled_dot", {}).get("final_logit_by_lr", {})
-                   for w, a in text["sweep"].items()}
-    return {
-        "C1": measured["implementation"]["c1"],
-        "C2": measured["implementation"]["c2"],
-        "C3": salience,
-        "C4": tau,
-        "C5": measured["bench"],
-        "C6": {"text": text, "retrieval": tau},
-        "C7": {**dk, "identity": measured["identity"]},
-        "C8": measured["qk"],
-        "C9": measured["rem"],
-        "C10": {**measured["jacobian"], "trained": trained_saturation(dk)},
-        "C11": text,
-        "C12": {"init_std": init_logit_std(dk), "final_logit": final_logit, "n": text["n"]},
-        "C13": dk,
-        "Q1": text,
-        "Q2": {"summary": measured["minilm"]["summary"],
-               "max_abs_logit": max(h["max_abs_logit"] for layer in measured["minilm"]["layers"]
-                                    for h in layer["heads"])},
-        "Q3": length_evidence(studies["length"], runs["length"]),
-    }

@@ -14,11 +14,12 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
-from attnscale.audit.claims import CLAIMS, QUESTIONS, Claim
+from attnscale.audit.claim import Claim, Sources, all_claims
+from attnscale.audit.evidence import missing_runs
+from attnscale.audit.scale import claim_scale
 from attnscale.audit.verdicts import (
     ERROR,
     INCONCLUSIVE,
-    Evidence,
     MissingEvidence,
     failure,
     seeds_sentence,
@@ -28,34 +29,43 @@ from attnscale.util.jsonio import dumps, jsonable
 CLAIMS_DOC = "docs/claims.md"  # where the claims are stated, relative to the source tree
 
 
-def judge(claim: Claim, ev: Evidence, figures: list[str] = ()) -> dict[str, Any]:
-    """One report.json entry: the claim, its rule, the verdict and the numbers behind it.
+def gather(claim: Claim, src: Sources) -> Any:
+    """The claim's typed evidence from ``src``; :class:`MissingEvidence` where a study it
+    reads lacks a run its comparisons need (:func:`attnscale.audit.evidence.missing_runs`)."""
+    lost = [x for name in claim.studies for x in missing_runs(src.studies[name], src.runs[name])]
+    if lost:
+        raise MissingEvidence(f"{len(lost)} run(s) with no result, first {lost[0]}")
+    return claim.read(claim.gather(src))
 
-    A rule that raises gives an ``error`` entry that carries the exception (never a verdict);
-    :func:`errors` lists them, and the CLI exits 1."""
-    error, where = None, ""
+
+def judge(claim: Claim, src: Sources) -> tuple[dict[str, Any], Any]:
+    """One report.json entry (the claim, its rule, the verdict and the numbers behind it) and
+    the claim's typed evidence (None where it could not be gathered).
+
+    Gathering the evidence or applying the rule that raises gives an ``error`` entry that
+    carries the exception (never a verdict); :func:`errors` lists them, and the CLI exits 1."""
+    ev, v, error, where, line = None, None, None, "", ""
     try:
-        if ev.get("missing"):  # runs its comparisons need (evidence.missing_runs)
-            lost = ev["missing"]
-            raise MissingEvidence(f"{len(lost)} run(s) with no result, first {lost[0]}")
+        line = claim_scale(claim, src.preset, src.studies)
+        ev = gather(claim, src)
         v = claim.judge(ev)
     except Exception as e:  # every failure of a rule is reported as that, with its traceback
         error, where = failure(e), "".join(traceback.format_exception(e, limit=-3))
     entry = {"id": claim.id, "claim": claim.text, "measures": claim.measures,
-             "evidence": jsonable({k: x for k, x in ev.items() if k != "runs"}),
-             "figures": list(figures), "runs": list(ev.get("runs", []))}
-    if error is not None:
+             "evidence": jsonable(ev) if ev is not None else {}, "figures": [], "runs": [],
+             "scale": line}
+    if v is None:
         return {**entry, "verdict": ERROR, "headline": f"error: {error}",
                 "plain": [f"The rule could not be applied ({error}). This is not a verdict: "
                           "fix the cause and rerun the report (finished runs are reused)."],
                 "regime": "", "smallest": "", "rule": claim.rule,
-                "because": where, "numbers": {}, "error": error}
+                "because": where, "numbers": {}, "error": error}, ev
     plain = list(v.plain)
-    if v.verdict == INCONCLUSIVE and (more := seeds_sentence(v.numbers)):
+    if v.verdict == INCONCLUSIVE and (more := seeds_sentence(jsonable(v.numbers))):
         plain.append(more)
     return {**entry, "verdict": v.verdict, "headline": v.headline, "plain": plain,
             "regime": v.regime, "smallest": v.smallest, "rule": v.rule, "because": v.because,
-            "numbers": jsonable(v.numbers)}
+            "numbers": jsonable(v.numbers)}, ev
 
 
 def errors(entries: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -67,13 +77,9 @@ def errors(entries: list[dict[str, Any]]) -> list[dict[str, str]]:
     return out
 
 
-def judge_all(evidence: dict[str, Evidence], figures: dict[str, list[str]] | None = None
-              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Entries for every claim and every question, in their listed order."""
-    def entries(items: list[Claim]) -> list[dict[str, Any]]:
-        return [judge(c, evidence[c.id], (figures or {}).get(c.id, [])) for c in items]
-
-    return entries(CLAIMS), entries(QUESTIONS)
+def judge_all(src: Sources) -> list[tuple[Claim, dict[str, Any], Any]]:
+    """(claim, entry, typed evidence) for every registered claim, then every question."""
+    return [(c, *judge(c, src)) for c in all_claims()]
 
 
 def data_uri(path: str | Path) -> str:

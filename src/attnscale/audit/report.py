@@ -2,15 +2,16 @@
 
 The pipeline:
 
-1. **Measure** what each claim needs without training (:mod:`attnscale.audit.measurements`:
+1. **Measure** what each claim declares without training (:mod:`attnscale.audit.measurements`:
    exactness checks, theory and Monte Carlo, the timing study, the MiniLM inspection),
    cached in the results database's ``measurements`` table, and run the training studies
    (:mod:`attnscale.audit.studies`; tuning seeds first, :mod:`attnscale.audit.running`) through
    the sweep runner into the same database, so a rerun resumes and skips finished runs.
-2. **Collect evidence** per claim from the stored runs and measurements
-   (:mod:`attnscale.audit.evidence`).
-3. **Judge** each claim (docs/claims.md) with its rule from :mod:`attnscale.audit.claims` and
-   render the page (:mod:`attnscale.audit.render`).
+2. **Gather evidence** per registered claim (:mod:`attnscale.audit.claim`; one module per
+   claim in :mod:`attnscale.audit.claims`) from the stored runs and measurements, into its
+   typed evidence model.
+3. **Judge** each claim (docs/claims.md) with its rule, draw its figures and render the page
+   (:mod:`attnscale.audit.render`).
 4. **Write** ``OUT/index.html`` (self-contained: figures embedded, no network requests),
    ``OUT/report.json`` (schema: docs/report.schema.json) and ``OUT/figures/*.png``.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.audit import explorer, figures, scale
-from attnscale.audit.evidence import collect_evidence
+from attnscale.audit.claim import Sources
 from attnscale.audit.measurements import cached, measure_all
 from attnscale.audit.render import errors, judge_all, render_html
 from attnscale.audit.running import StudyRunner, study_runs
@@ -39,7 +40,8 @@ from attnscale.util.validate import check_choice, check_int, check_output_folder
 # 2: four verdicts, headline and plain sentences, C5 timing study
 # 3: takeaways, per-entry scale and (questions) answer, smoke, runs_trained, figures with alt text
 # 4: "error" entries (verdict "error", with "error"), per-entry figure_errors, top-level errors
-SCHEMA_VERSION = 4
+# 5: one module per claim: C1's evidence is its cases, C2 its own measurement, Q2 the inspection
+SCHEMA_VERSION = 5
 
 
 def run_studies(plan: dict[str, Study], db: Path, executor: str, workers: int,
@@ -92,26 +94,26 @@ def build_report(
     plan = studies(p)
     runs = run_studies(plan, db, executor, workers, address, progress)
     say("judging")
-    evidence = collect_evidence(plan, runs, measured)
     with Store(db) as store:
         n_runs = sum(store.counts().values())
-    claims, questions = judge_all(evidence)
-    numbers = {e["id"]: e["numbers"] for e in claims + questions if e["verdict"] != ERROR}
-    drawn, failed = figures.draw_all(evidence, measured, out / "figures", numbers)
-    notes = scale.caveats(p)
-    for e in claims + questions:
-        e["figures"] = drawn.get(e["id"], [])
-        e["figure_errors"] = failed.get(e["id"], [])
-        e["scale"] = notes.get(e["id"], "")
-    for q in questions:
-        q["answer"] = answer(q)
+    judged = judge_all(Sources(p, plan, runs, measured))
+    for claim, e, ev in judged:
+        if ev is not None and e["verdict"] != ERROR:
+            e["figures"], e["figure_errors"] = figures.draw(claim, ev, e["numbers"],
+                                                            out / "figures")
+        else:
+            e["figures"], e["figure_errors"] = [], []
+        if claim.question:
+            e["answer"] = answer(e, claim.answers)
+    claims = [e for c, e, _ in judged if not c.question]
+    questions = [e for c, e, _ in judged if c.question]
     report = jsonable({
         "schema_version": SCHEMA_VERSION, "preset": p.name, "seed_offset": seed_offset,
         "smoke": scale.is_smoke(p.name), "takeaways": takeaways(claims + questions),
         "seeds": list(p.seeds), "task_seeds": list(p.task_seeds),
         "tune_seeds": list(p.tune_seeds), "claims": claims,
         "questions": questions, "versions": versions(), "git_rev": git_revision(),
-        "n_runs": n_runs, "runs_trained": n_runs - n_before, "bench": measured["bench"],
+        "n_runs": n_runs, "runs_trained": n_runs - n_before, "bench": measured.get("bench", {}),
         "errors": errors(claims + questions), "elapsed_s": time.perf_counter() - started,
     })
     (out / "report.json").write_text(dumps(report, indent=1))

@@ -79,14 +79,16 @@ class StudyRunner:
             self.sweep(grid_spec(study, study.seeds, study.lrs), study.name)
             return
         self.sweep(grid_spec(study, study.tune_seeds, study.lrs), f"{study.name} (tuning)")
+        tuning = self.tuning(study)  # read once per change: it loads every run's history
         for _ in range(study.extend if len(study.lrs) > 1 else 0):
-            extra = self.extensions(study)
+            extra = self.extensions(study, tuning)
             if not extra:
                 break
             for (cell, arm), lr in extra.items():
                 self.sweep(grid_spec(study, study.tune_seeds, (lr,), cell, (arm,)),
                            f"{study.name} (extending)")
-        for (cell, arm), lr in self.choices(study).items():
+            tuning = self.tuning(study)
+        for (cell, arm), (lr, _, _) in tuning.items():
             self.sweep(grid_spec(study, study.seeds, (lr,), cell, (arm,)), study.name)
 
     def tuning(self, study: Study) -> dict[tuple[Cell, str], tuple[float, bool, dict]]:
@@ -104,13 +106,15 @@ class StudyRunner:
                     continue
         return out
 
-    def extensions(self, study: Study) -> dict[tuple[Cell, str], float]:
+    def extensions(self, study: Study, tuning: dict[tuple[Cell, str], tuple[float, bool, dict]]
+                   ) -> dict[tuple[Cell, str], float]:
         """(cell, arm) -> the LR one step beyond its edge, for each arm whose best LR is at an
         edge of what it has run and has fewer than ``study.extend`` LRs past the study's grid
-        on that side. Counting what is already there keeps a rerun from extending again: the
-        database, not the loop, says how far a grid went."""
+        on that side (``tuning``: :meth:`tuning` of the study). Counting what is already there
+        keeps a rerun from extending again: the database, not the loop, says how far a grid
+        went."""
         out = {}
-        for key, (lr, edge, curve) in self.tuning(study).items():
+        for key, (lr, edge, curve) in tuning.items():
             if not edge:
                 continue
             low = lr == min(curve)
@@ -118,7 +122,3 @@ class StudyRunner:
             if len(beyond) < study.extend:
                 out[key] = lr / study.lr_step if low else lr * study.lr_step
         return out
-
-    def choices(self, study: Study) -> dict[tuple[Cell, str], float]:
-        """(cell, arm) -> the LR its tuning chose."""
-        return {key: lr for key, (lr, _, _) in self.tuning(study).items()}

@@ -7,6 +7,7 @@ with the preset: model size (layers, width, heads), steps, reported seeds and tu
 
 from __future__ import annotations
 
+from attnscale.audit.claim import Claim
 from attnscale.audit.studies import Preset, Study, studies
 
 # Report presets whose verdicts are a smoke test of the pipeline, not evidence.
@@ -40,27 +41,10 @@ def study_scale(study: Study) -> str:
             f"{base['steps']} steps, {seeds}")
 
 
-def caveats(p: Preset) -> dict[str, str]:
-    """Claim id -> the scale its verdict rests on, for every claim and question."""
-    plan = studies(p)
-    trained: dict[str, list[str]] = {}
-    for name, study in plan.items():
-        for cid in study.claims:
-            trained.setdefault(cid, []).append(f"{name}: {study_scale(study)}")
-    bench = p.bench
-    out = {
-        "C1": "float32 on CPU, small shapes with masks, causal and GQA",
-        "C2": "random q, k with norms 1e-3 to 1e3; exact range",
-        "C5": (f"one CPU thread, N = {', '.join(map(str, bench['n_values']))}, ≥ "
-               f"{bench['min_repeats']} interleaved repeats; other hardware differs"),
-        "C8": "Monte Carlo, 20000 samples per d_k, unit-variance components",
-        "C9": "exact theory of n i.i.d. Gaussian logits (n = 64–4096), checked by Monte Carlo",
-        "Q2": (f"one model (all-MiniLM-L6-v2, 6 layers, 12 heads, d_k = 32) on "
-               f"{p.inspect_sentences} short sentences"),
-    }
-    out["C10"] = f"{p.jacobian_rows} random rows per (n, s) and " + \
-        trained.get("C10", ["no trained models"])[0]
-    for cid, parts in trained.items():
-        if cid != "C10":
-            out[cid] = "; ".join(parts)
-    return out
+def claim_scale(claim: Claim, p: Preset, plan: dict[str, Study] | None = None) -> str:
+    """The scale ``claim``'s verdict rests on: its own ``scale(p)`` line, else the sizes of
+    the studies it reads (``plan``: the preset's studies, built when not given)."""
+    if claim.scale is not None:
+        return claim.scale(p)
+    plan = plan if plan is not None else studies(p)
+    return "; ".join(f"{name}: {study_scale(plan[name])}" for name in claim.studies)

@@ -49,7 +49,6 @@ class Study:
     """One training study: ``arms`` × ``cells`` × LRs × seeds, and how its LR is chosen."""
 
     name: str
-    claims: tuple[str, ...]
     base: dict[str, Any]
     arms: tuple[str, ...]
     lrs: tuple[float, ...]
@@ -195,22 +194,20 @@ def studies(p: Preset) -> dict[str, Study]:
     steps = p.task_steps
     return {
         # C7, C13 (and C10's trained saturation, C12's init logits): one head, d_model = d_k
-        "head_dim": Study("head_dim", ("C7", "C10", "C12", "C13"),
-                          {**TEXT, **schedule(p.steps), "n_heads": 1},
+        "head_dim": Study("head_dim", {**TEXT, **schedule(p.steps), "n_heads": 1},
                           ("scaled_dot", "dot", "dot_absorbed"),
                           cells={"init": ("gpt2", "unit"), "d_model": p.head_dims}, **one_tune),
         # C6, C11, C12, Q1: Wortsman et al. 2023's LR sweep at two widths
-        "lr_text": Study("lr_text", ("C6", "C11", "C12", "Q1"),
-                         {**TEXT, **schedule(p.steps), "n_heads": 2},
+        "lr_text": Study("lr_text", {**TEXT, **schedule(p.steps), "n_heads": 2},
                          p.text_arms, p.lrs, p.seeds, cells={"d_model": p.widths}),
         # C4, C6: the temperature of cosine attention on a task that needs sharp attention
-        "tau": Study("tau", ("C4", "C6"), {**TAU, **schedule(steps["tau"])}, TAU_ARMS,
+        "tau": Study("tau", {**TAU, **schedule(steps["tau"])}, TAU_ARMS,
                      **tuned),
         # C3: the relevant key is marked only by its norm
-        "salience": Study("salience", ("C3",), {**SALIENCE, **schedule(steps["salience"])},
+        "salience": Study("salience", {**SALIENCE, **schedule(steps["salience"])},
                           ("scaled_dot", "cosine_tau1", "cosine_tau10", "cosine_learned",
                            "uniform", "cue_none"), **tuned),
         # Q3: trained at n, evaluated at 2n and 4n
-        "length": Study("length", ("Q3",), {**LENGTH, **schedule(steps["length"])},
+        "length": Study("length", {**LENGTH, **schedule(steps["length"])},
                         ("scaled_dot", "log_length"), **tuned),
     }

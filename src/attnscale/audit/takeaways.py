@@ -16,9 +16,10 @@ Questions (Q1–Q3) get an answer instead of a verdict: :func:`answer`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from attnscale.audit.claim import get_claim
 from attnscale.audit.compare import no_worse
 from attnscale.audit.verdicts import DEPENDS, ERROR, INCONCLUSIVE, REFUTED, SUPPORTED
 
@@ -26,22 +27,6 @@ Entry = dict[str, Any]
 GREATER, LESS, EQUAL = "greater", "less", "equal"
 MODERN_NAMES = {"qk_layernorm": "QK-LayerNorm", "qk_rmsnorm": "QK-RMSNorm",
                 "softcap": "soft-capping", "cosine_learned": "cosine with a learned τ"}
-
-# How each question's verdict reads as an answer (the rule tests a hypothesis; the page answers).
-ANSWER_WORDS: dict[str, dict[str, str]] = {
-    "Q1": {SUPPORTED: "Some match scaled dot's loss with lower LR sensitivity",
-           REFUTED: "None matched scaled dot's loss with lower LR sensitivity",
-           DEPENDS: "At some widths only",
-           INCONCLUSIVE: "Not decided at every width: where no modern score was shown to "
-                         "match scaled dot's loss with lower LR sensitivity, comparisons stay "
-                         "open"},
-    "Q2": {SUPPORTED: "Small: O(1), and the scale matters", REFUTED: "Large",
-           DEPENDS: "Partly small", INCONCLUSIVE: "Not measured"},
-    "Q3": {SUPPORTED: "Yes: log-length scaling lowers the loss",
-           REFUTED: "No measurable gain in loss",
-           DEPENDS: "Partly", INCONCLUSIVE: "Not decided at this scale"},
-}
-
 
 def strip_verdict(headline: str, verdict: str) -> str:
     """A headline without its leading verdict word: "supported: gap +0.3" -> "gap +0.3"."""
@@ -51,11 +36,12 @@ def strip_verdict(headline: str, verdict: str) -> str:
     return "" if headline == verdict else headline
 
 
-def answer(entry: Entry) -> str:
-    """A question's answer: its verdict as words, then the headline's numbers."""
+def answer(entry: Entry, words_for: Mapping[str, str]) -> str:
+    """A question's answer: its verdict as words (``words_for``: the question's
+    :attr:`attnscale.audit.claim.Claim.answers`), then the headline's numbers."""
     if entry["verdict"] == ERROR:
         return f"Not answered: {entry['error']}"
-    words = ANSWER_WORDS.get(entry["id"], {}).get(entry["verdict"], entry["verdict"])
+    words = words_for.get(entry["verdict"], entry["verdict"])
     rest = strip_verdict(entry.get("headline", ""), entry["verdict"]).replace("—", "none")
     return f"{words} ({rest})" if rest else words
 
@@ -209,7 +195,7 @@ def _when(e: dict[str, Entry]) -> list[str]:
         out.append(f"Log-length scaling, for inputs longer than training: at {far} it put "
                    f"{mean('log_length'):.2f} of the attention on the answer against "
                    f"{mean('scaled_dot'):.2f}; lower loss there? "
-                   f"{ANSWER_WORDS['Q3'][q3['verdict']].lower()} (Q3).")
+                   f"{get_claim('Q3').answers[q3['verdict']].lower()} (Q3).")
     return out
 
 

@@ -5,9 +5,9 @@
 * :func:`plot_phase_diagram`: the (d_k, n) plane, unscaled against scaled dot products;
 * :func:`plot_score_entropy`: every registered score with a theory hook, exact E[entropy]/ln n
   against n at one d_k, labelled by the score's registry ``tex``;
-* the report's theory and Monte Carlo figures (C2 :func:`fig_c2`, C8 :func:`fig_c8`, C9
-  :func:`fig_rem` and :func:`fig_phase`, C10 :func:`fig_c10`), which return ``{"path", "alt"}``
-  like every report figure (:mod:`attnscale.audit.figures`), and the helpers those share.
+* the helpers the report's figures share (:func:`save`, :func:`outside`, :func:`below`,
+  :func:`yerr`, :func:`log_ticks`); each claim's own figure lives in its module
+  (:mod:`attnscale.audit.claims`).
 
 Each draws with matplotlib (Agg, no display), math in mathtext, legends outside the data,
 writes ``path`` as a :data:`DPI`-dpi PNG (:func:`save_png`) and returns it.
@@ -26,12 +26,9 @@ import numpy as np
 
 matplotlib.use("Agg")  # no display needed; chosen before pyplot loads
 import matplotlib.pyplot as plt
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
 
 from attnscale.audit import figure_text as T
 from attnscale.core.scores import get_score
-from attnscale.measure.cosine_theory import cosine_logit_pdf
 from attnscale.measure.montecarlo import mc_softmax_stats
 from attnscale.measure.theory import (
     expected_entropy,
@@ -41,9 +38,9 @@ from attnscale.measure.theory import (
     stat_scores,
 )
 
-__all__ = ["BAND", "DPI", "below", "fig_c2", "fig_c8", "fig_c10", "fig_phase", "fig_rem",
-           "half_entropy_dk", "log_ticks", "outside", "phase_summary", "plot_entropy_vs_scale",
-           "plot_phase_diagram", "plot_score_entropy", "save", "save_png", "score_curves", "yerr"]
+__all__ = ["BAND", "DPI", "below", "half_entropy_dk", "log_ticks", "outside", "phase_summary",
+           "plot_entropy_vs_scale", "plot_phase_diagram", "plot_score_entropy", "save", "save_png",
+           "score_curves", "yerr"]
 
 
 DPI = 160  # ≥ 150 dpi for print; the PNG's pHYs chunk records it
@@ -238,112 +235,3 @@ def log_ticks(ax: plt.Axes, values: list[Any], axis: str = "x") -> None:
     ax.minorticks_off()
 
 
-def fig_c2(ev: Evidence, folder: Path, ds: tuple[int, ...] = (4, 16, 64, 256)) -> Figure:
-    """C2: the exact density of cos(q, k) for random q, k at several d: τ·cos lies in [−τ, τ]."""
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    xs = np.linspace(-0.999, 0.999, 801)
-    for d in ds:
-        ax.plot(xs, cosine_logit_pdf(xs, d), label=f"$d = {d}$ (std $1/\\sqrt{{d}}$ = "
-                f"{1 / math.sqrt(d):.2g})")
-    ax.axvspan(-1.15, -1, color=BAND, zorder=0, label=r"impossible: $|\cos| > 1$")
-    ax.axvspan(1, 1.15, color=BAND, zorder=0)
-    ax.set(xlim=(-1.15, 1.15), xlabel=r"$\cos(q, k)$ = the logit at $\tau = 1$",
-           ylabel="density")
-    ax.set_title(r"C2: exact density of $\cos(q,k)$, $q, k \sim \mathcal{N}(0, I_d)$ (theory)",
-                 fontsize=10)
-    outside(ax)
-    return save(fig, folder, "c2_cosine_range", T.c2_alt(ev, ds))
-
-
-def fig_c8(ev: Evidence, slope: float | None, folder: Path) -> Figure:
-    """C8: mean (± 3 SE) and spread of q·k against d_k (Monte Carlo)."""
-    rows = sorted(ev["by_d"], key=lambda r: r["d"])
-    d = [r["d"] for r in rows]
-    pairs = round((rows[0]["std"] / rows[0]["se_mean"]) ** 2)  # std/SE = √samples
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.9))
-    a.errorbar(d, [r["mean"] for r in rows], yerr=[3 * r["se_mean"] for r in rows],
-               marker="o", capsize=3, label=r"mean of $q\cdot k$, ±3 SE")
-    a.plot(d, d, ls=":", color="C3", label=r"the thread's $O(d_k)$: $d_k$")
-    a.axhline(0, color="k", lw=0.8)
-    a.set(yscale="symlog", ylabel=r"$\mathbb{E}[q\cdot k]$", xlabel="$d_k$")
-    log_ticks(a, d)
-    b.plot(d, [r["std"] for r in rows], marker="o", label=r"std$(q\cdot k)$")
-    b.plot(d, np.sqrt(d), ls=":", color="k", label=r"$\sqrt{d_k}$")
-    b.plot(d, [r["std_scaled"] for r in rows], marker="s", label=r"std$(q\cdot k/\sqrt{d_k})$")
-    log_ticks(b, d)
-    top = max(r["std"] for r in rows)
-    log_ticks(b, [2 ** k for k in range(int(math.log2(top)) + 2)], "y")
-    b.set(xlabel="$d_k$", ylabel="standard deviation")
-    for ax in (a, b):
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8,
-                  frameon=False)
-    fig.suptitle(rf"C8: $q\cdot k$ with unit-variance components, Monte Carlo, {pairs:,} "
-                 r"pairs per $d_k$", fontsize=11)
-    return save(fig, folder, "c8_qk_moments", T.c8_alt(ev, slope))
-
-
-def fig_rem(ev: Evidence, folder: Path) -> Figure:
-    """C9: exact E[entropy]/ln n and E[max weight] of n i.i.d. N(0, s²) logits against s,
-    with s_c = √(2 ln n) and the d_k = 64, n = 512 points unscaled (s = 8) and scaled (s = 1)."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.9))
-    for i, c in enumerate(ev["curves"]):
-        for ax, key in zip(axes, ("entropy_norm", "max_weight"), strict=True):
-            ax.plot(c["s"], c[key], color=f"C{i}", label=f"$n = {c['n']}$")
-            ax.axvline(c["s_c"], color=f"C{i}", ls=":", lw=0.9)
-    for s, key, label in ((8.0, "max_weight_unscaled_64_512", r"unscaled, $d_k=64$ ($s=8$)"),
-                          (1.0, "max_weight_scaled_64_512", r"scaled ($s=1$)")):
-        if T.finite(ev.get(key)):
-            axes[1].plot(s, ev[key], "k*" if s > 1 else "kD", ms=8, ls="",
-                         label=f"{label}, $n=512$: {ev[key]:.3g}")
-    axes[0].set(xlabel="logit std $s$", ylabel=r"$\mathbb{E}[H]\,/\,\ln n$", ylim=(0, 1.02))
-    axes[1].set(xlabel="logit std $s$", ylabel=r"$\mathbb{E}[\max_j p_j]$", ylim=(0, 1.02))
-    axes[1].plot([], [], "k:", lw=0.9, label=r"$s_c=\sqrt{2\ln n}$ (colour: $n$)")
-    outside(axes[1])
-    fig.suptitle(r"C9: exact theory, softmax of $n$ i.i.d. $\mathcal{N}(0, s^2)$ logits",
-                 fontsize=11)
-    return save(fig, folder, "c9_entropy", T.rem_alt(ev))
-
-
-def fig_phase(folder: Path) -> Figure:
-    """C9: the theory phase diagram of ``attnscale theory --plot``, entropy over (d_k, n)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = plot_phase_diagram(str(folder / "c9_phase_diagram.png"), grid=24)
-    return {"path": path, "alt": T.phase_alt(phase_summary())}
-
-
-def fig_c10(ev: Evidence, per_n: list[dict[str, Any]], folder: Path) -> Figure:
-    """C10: per-row ‖J‖_F median and quartiles (Monte Carlo), the RMS, and the law the
-    verdict reads (median row and exact RMS at 10, 30, 100·s_c), against s / s_c."""
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, c in enumerate(ev["curves"]):
-        x = [s / c["s_c"] for s in c["s"]]
-        ax.plot(x, c["median"], color=f"C{i}", label=f"$n = {c['n']}$")
-        ax.fill_between(x, np.maximum(c["q1"], 1e-12), c["q3"], color=f"C{i}", alpha=0.18)
-        ax.plot(x, c["rms"], ls=":", color=f"C{i}")
-    floor = 1e-14  # the law's median at 100·s_c (~1e-33) would squash the rest: noted instead
-    for i, r in enumerate(per_n):  # the law the verdict reads, out to 100·s_c
-        if "ks" in r:
-            shown = [(k, m) for k, m in zip(r["ks"], r["law_median"], strict=True) if m > floor]
-            ax.plot(*zip(*shown, strict=True), "x", color=f"C{i}", ms=6)
-            ax.plot(r["ks"], r["law_rms"], "+", color=f"C{i}", ms=7)
-    low = [m for r in per_n for m in r.get("law_median", []) if m <= floor]
-    if low:
-        ax.annotate(f"median row at 100·$s_c$: {min(low):.0e}–{max(low):.0e} (off scale)",
-                    (0.98, 0.04), xycoords="axes fraction", ha="right", fontsize=8)
-    ax.set_ylim(bottom=floor)
-    ax.axhline(1e-3, color="grey", ls="--", lw=0.8)
-    handles = [*ax.get_legend_handles_labels()[0],
-               Line2D([], [], color="k", label="median row"),
-               Patch(color="k", alpha=0.18, label="quartiles (middle half of rows)"),
-               Line2D([], [], color="k", ls=":", label=r"RMS $\sqrt{\mathbb{E}\|J\|_F^2}$"),
-               Line2D([], [], color="k", marker="x", ls="none",
-                      label="median, top-two law (10, 30, 100 $s_c$)"),
-               Line2D([], [], color="k", marker="+", ls="none", label="RMS, exact"),
-               Line2D([], [], color="grey", ls="--", label="$10^{-3}$: vanished")]
-    ax.set(yscale="log", xscale="log", xlabel=r"$s\,/\,s_c$,  $s_c=\sqrt{2\ln n}$",
-           ylabel=r"$\|J\|_F$ per row, $J=\mathrm{diag}(p)-pp^\top$")
-    rows = ev["curves"][0].get("rows")
-    ax.set_title("C10: softmax Jacobian per row, $n$ i.i.d. $\\mathcal{N}(0,s^2)$ logits, "
-                 f"Monte Carlo{f', {rows:,} rows per $s$' if rows else ''}", fontsize=10)
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
-    return save(fig, folder, "c10_jacobian", T.c10_alt(ev, per_n))

@@ -1,9 +1,10 @@
-"""What every claim rule returns, and the comparisons the rules share.
+"""What every claim rule returns, the smallest effects the rules share, and how a failure is
+named.
 
-A rule reads an evidence dict (numbers the report measured and stored) and returns a
-:class:`Verdict`. A "mean ± CI" in evidence is a dict ``{"mean", "lo", "hi", "n"}`` (95%
-Student-t interval over seeds, as :meth:`attnscale.lab.analysis.MeanCI.to_dict` writes it);
-accuracies are in [0, 1]; losses are final eval losses.
+A rule reads its claim's typed evidence (:mod:`attnscale.audit.claim`) and returns a
+:class:`Verdict`. In the plain numbers report.json stores, an interval is the dict form of
+:class:`attnscale.audit.interval.Interval` (``{"mean", "lo", "hi", "n", ...}``); accuracies
+are in [0, 1]; losses are final eval losses.
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ def failure(e: BaseException) -> str:
         return f"missing evidence or a bug: no key {e}"
     return f"a bug: {type(e).__name__}: {e}"
 
-
-Evidence = dict[str, Any]
 
 # The smallest real effects the rules share, and why (printed with each rule).
 LOSS_DELTA = 0.02
@@ -80,18 +79,6 @@ def fmt_ci(x: dict[str, Any] | None) -> str:
     if x.get("lo") is None or x.get("hi") is None or x.get("n", 1) < 2:
         return f"{x['mean']:.3g}"
     return f"{x['mean']:.3g} [{x['lo']:.3g}, {x['hi']:.3g}]"
-
-
-def fmt_effect(c: dict[str, Any], unit: str = "", digits: int = 3) -> str:
-    """A comparison's mean difference, its own 95% interval, unit, reading and the reading's
-    Holm-adjusted p-value: ``+0.12 [+0.05, +0.19] nats: greater (Holm p 0.003)``. The reading
-    comes from the adjusted p, so an interval wholly past ±δ can still read inconclusive."""
-    u = f" {unit}" if unit else ""
-    holm = f" (Holm p {c['p_holm']:.2g})" if c.get("p_holm") == c.get("p_holm") and \
-        c.get("p_holm") is not None else ""
-    why = f" — {c['why']}" if c.get("why") else ""
-    return (f"{c['mean']:+.{digits}g} [{c['lo']:+.{digits}g}, {c['hi']:+.{digits}g}]{u}: "
-            f"{c['reading']}{holm}{why}")
 
 
 def undecided_comparisons(numbers: Any, name: str = "") -> list[tuple[str, dict[str, Any]]]:

@@ -48,7 +48,7 @@ __all__ = [
     "uniform_jacobian_norm",
 ]
 
-VANISH = 1e-3  # the default "vanishing" threshold on ‖J‖_F (justified in audit.rules_jacobian)
+VANISH = 1e-3  # the "vanishing" threshold on ‖J‖_F (why: audit.claims.c10_vanishing_gradients)
 STANDARD_NS = (64, 512, 4096)
 _CHUNK = 1 << 19  # logits per Monte Carlo chunk (4 MiB of float64 per temporary)
 

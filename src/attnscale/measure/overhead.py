@@ -34,7 +34,7 @@ deviation of ln r was 1.1-1.4 with 2 threads against 0.16-0.22 with 1, and 2 thr
 recorded either way and belongs to the regime.
 
 Evidence dict returned by :func:`overhead_study` (JSON-ready; read by
-:func:`attnscale.audit.rules_cost.judge_c5`)::
+:func:`attnscale.audit.claims.c05_overhead.judge`)::
 
     {"rows": [{"n", "batch", "heads",
                "cosine": RatioEstimate.to_dict(),   # cosine / scaled_dot

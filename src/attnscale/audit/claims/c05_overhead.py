@@ -1,0 +1,353 @@
+"""C5: "Cosine similarity adds computational overhead" (the thread; cosine attention as in
+Henry et al. 2020, arXiv 2010.04245).
+
+Decided from the overhead study (:func:`attnscale.measure.overhead.overhead_study`, its format
+documented there): per sequence length N, the forward+backward time ratio cosine / scaled_dot on
+the same fused kernel with its 95% interval, and the noise floor scaled_dot / scaled_dot
+measured the same way.
+
+The smallest overhead treated as real is δ = max(2%, worst floor deviation), the floor's
+deviation at one N being |r_floor − 1| + its interval's larger half-width: identical work
+measured by the same procedure cannot tell apart anything smaller. Cosine normalizes q and k,
+O(N·d) work against O(N²·d) for attention (Henry et al. 2020), so the overhead is expected to
+fall like 1/N; the evidence's fit overhead ≈ a + b/N shows whether it does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+from pydantic import ConfigDict, Field
+
+from attnscale.audit.claim import Claim, Figure, Measurement, Sources, register
+from attnscale.audit.evidence import Model
+from attnscale.audit.figure_text import finite
+from attnscale.audit.interval import Interval
+from attnscale.audit.studies import Preset
+from attnscale.audit.theory_plots import BAND, log_ticks, outside, save, yerr
+from attnscale.audit.verdicts import DEPENDS, INCONCLUSIVE, REFUTED, SUPPORTED, Verdict
+from attnscale.measure import overhead
+
+MIN_DELTA = 0.02  # below 2% a CPU timing difference is not worth a claim
+MAX_DELTA = 0.10  # a floor noisier than this cannot show that an overhead is absent
+SMALL = 0.10  # overheads under 10% are called small
+
+RULE = ("From the overhead study: forward+backward time of cosine / scaled_dot on the same "
+        "fused kernel, measured in interleaved repeats until the 95% interval of the "
+        "geometric-mean ratio is within ±2% (or a time budget runs out), at each N, beside "
+        "a noise floor (scaled_dot / scaled_dot, same procedure). Margin δ = max(2%, the "
+        "floor's worst |ratio − 1| plus half-width). At each N the overhead is real if the "
+        "interval lies above 1 + δ, absent if it lies within (1 − δ, 1 + δ) (only when δ ≤ "
+        "10%: a noisier floor cannot show absence), undecided otherwise. Supported if real "
+        "at every N; refuted if absent at every N; depends (on N) if real at some N and "
+        "absent at others with no unconverged undecided N; inconclusive otherwise")
+
+
+def pct(x: float) -> str:
+    """An overhead ratio as a signed percentage: 1.031 -> "+3.1%"."""
+    return f"{(x - 1) * 100:+.1f}%"
+
+
+def ratio_text(ratio: float, lo: float | None, hi: float | None) -> str:
+    """"+3.1% [+2.0%, +4.2%]" for a ratio and its interval (the ratio alone without one)."""
+    if lo is None or hi is None:
+        return pct(ratio)
+    return f"{pct(ratio)} [{pct(lo)}, {pct(hi)}]"
+
+
+def ci_pct(est: Mapping[str, Any]) -> str:
+    """:func:`ratio_text` of a ratio estimate in its plain dict form {"ratio", "lo", "hi"}."""
+    return ratio_text(est["ratio"], est.get("lo"), est.get("hi"))
+
+
+class Ratio(Model):
+    """One ratio estimate (:meth:`attnscale.measure.overhead.RatioEstimate.to_dict`): the
+    geometric-mean time ratio and its 95% Student-t interval over ``n`` repeats (lo/hi None
+    below 2 repeats), and whether it reached its target width."""
+
+    ratio: float
+    lo: float | None = None
+    hi: float | None = None
+    n: int
+    converged: bool
+    seconds: float | None = None
+    ms: float | None = None
+    baseline_ms: float | None = None
+    number: int | None = None
+    half_width: float | None = None
+    se_log: float | None = None
+    target: float | None = None
+
+    def interval(self) -> Interval:
+        """The ratio as the audit's interval type (mean = ratio)."""
+        return Interval(mean=self.ratio, lo=self.lo, hi=self.hi, n=self.n)
+
+    def text(self) -> str:
+        """"+3.1% [+2.0%, +4.2%]"."""
+        return ratio_text(self.ratio, self.lo, self.hi)
+
+
+class Row(Model):
+    """One sequence length N: cosine / scaled_dot, and the floor scaled_dot / scaled_dot."""
+
+    n: int
+    batch: int | None = None
+    heads: int | None = None
+    cosine: Ratio
+    floor: Ratio
+
+
+class Fit(Model):
+    """Weighted least squares overhead(N) ≈ a + b/N (:func:`overhead.fit_inverse_n`)."""
+
+    a: float
+    b: float
+    a_se: float | None = None
+    b_se: float | None = None
+    weighted: bool | None = None
+    points: int | None = None
+
+
+class Settings(Model):
+    """The study's settings (only ``head_dim`` enters the verdict's regime)."""
+
+    model_config = ConfigDict(serialize_by_alias=True)
+
+    head_dim: int = 64
+    dtype: str | None = None
+    causal: bool | None = None
+    pass_: str | None = Field(None, alias="pass")
+    tau: float | None = None
+    work: int | None = None
+    target: float | None = None
+    min_repeats: int | None = None
+    budget_s: float | None = None
+    block_s: float | None = None
+    level: float | None = None
+
+
+class Evidence(Model):
+    """The overhead study (:func:`attnscale.measure.overhead.overhead_study`)."""
+
+    rows: list[Row]
+    fit: Fit | None = None
+    settings: Settings = Settings()
+    threads: int | None = None
+    versions: dict[str, Any] = Field(default_factory=dict)
+    seconds: float | None = None
+
+
+def floor_deviation(est: Ratio) -> float:
+    """|ratio − 1| plus the larger half-width of the interval (the whole ratio when the
+    interval is missing: an unmeasured floor allows no margin below it)."""
+    r, lo, hi = est.ratio, est.lo, est.hi
+    if lo is None or hi is None:
+        return abs(r - 1) + abs(r)
+    return abs(r - 1) + max(hi - r, r - lo)
+
+
+def margin(ev: Evidence) -> tuple[float, int | None]:
+    """δ = max(2%, the floor's worst deviation), and the N of that worst deviation."""
+    devs = {row.n: floor_deviation(row.floor) for row in ev.rows}
+    worst = max(devs, key=devs.get) if devs else None
+    return max(MIN_DELTA, devs[worst] if worst is not None else 0.0), worst
+
+
+def classify(est: Ratio, delta: float) -> str:
+    """"real", "absent" or "undecided" for one cosine / scaled_dot ratio and its interval."""
+    lo, hi = est.lo, est.hi
+    if lo is None or hi is None:
+        return "undecided"
+    if lo > 1 + delta:
+        return "real"
+    if delta <= MAX_DELTA and lo > 1 - delta and hi < 1 + delta:
+        return "absent"
+    return "undecided"
+
+
+def fit_text(fit: Fit | None) -> str:
+    """"fit: a + b/N with a = …, b = …" (or "" without a fit)."""
+    if not fit:
+        return ""
+    a_se = "" if fit.a_se is None else f" ± {fit.a_se * 100:.1f}%"
+    b_se = "" if fit.b_se is None else f" ± {fit.b_se:.2g}"
+    return f"fit: overhead ≈ a + b/N, a = {fit.a * 100:+.1f}%{a_se}, b = {fit.b:.3g}{b_se}"
+
+
+def judge(ev: Evidence) -> Verdict:
+    """C5: is cosine's forward+backward time above scaled_dot's by more than the margin δ,
+    at every N measured? (Rule: :data:`RULE`.)"""
+    rows = sorted(ev.rows, key=lambda r: r.n)
+    if not rows:
+        raise ValueError("ev: the overhead study has no rows")
+    delta, worst_n = margin(ev)
+    states = {r.n: classify(r.cosine, delta) for r in rows}
+    unresolved = any(states[r.n] == "undecided" and not r.cosine.converged for r in rows)
+    kinds = set(states.values())
+    if kinds == {"real"}:
+        verdict = SUPPORTED
+    elif kinds == {"absent"}:
+        verdict = REFUTED
+    elif {"real", "absent"} <= kinds and not unresolved:
+        verdict = DEPENDS
+    else:
+        verdict = INCONCLUSIVE
+    by_n = {str(r.n): {"ratio": r.cosine.ratio, "lo": r.cosine.lo, "hi": r.cosine.hi,
+                       "state": states[r.n], "converged": r.cosine.converged,
+                       "floor": r.floor.ratio} for r in rows}
+    floor_dev = floor_deviation(next(r.floor for r in rows if r.n == worst_n))
+    because = ("cosine / scaled_dot fwd+bwd: "
+               + "; ".join(f"N={r.n}: {r.cosine.text()} ({states[r.n]}"
+                           f"{'' if r.cosine.converged else ', not converged'})"
+                           for r in rows)
+               + f". Noise floor (scaled_dot / scaled_dot) worst deviation {floor_dev:.1%} at "
+               f"N={worst_n}; margin δ = ±{delta:.1%}")
+    threads: int | str = "?" if ev.threads is None else ev.threads
+    return Verdict(
+        verdict, RULE, because,
+        {"delta": delta, "by_n": by_n,
+         "fit": None if ev.fit is None else ev.fit.model_dump(exclude_unset=True)},
+        headline=headline(verdict, rows, states, delta),
+        plain=plain(verdict, rows, states, delta, ev.fit),
+        regime=f"CPU float32, forward+backward, D={ev.settings.head_dim}, {threads} "
+               f"thread{'' if threads == 1 else 's'}",
+        smallest=(f"±{delta:.1%}: the larger of {MIN_DELTA:.0%} and the noise floor's worst "
+                  f"deviation (|scaled_dot / scaled_dot − 1| plus its half-width: "
+                  f"{floor_dev:.1%} at N={worst_n}); identical work measured the same way "
+                  f"cannot resolve less"))
+
+
+def headline(verdict: str, rows: list[Row], states: dict[int, str], delta: float) -> str:
+    """A few words with the effect: the overhead at the smallest N (or where it is real)."""
+    first = rows[0]
+    if verdict == SUPPORTED:
+        largest = max(r.cosine.ratio for r in rows) - 1
+        kind = "supported, small" if largest < SMALL else "supported"
+        return f"{kind}: {first.cosine.text()} at N={first.n}"
+    if verdict == REFUTED:
+        return f"refuted: within ±{delta:.1%} at every N"
+    if verdict == DEPENDS:
+        real = [r for r in rows if states[r.n] == "real"]
+        gone = [r.n for r in rows if states[r.n] == "absent"]
+        return (f"depends on N: {real[0].cosine.text()} at N={real[0].n}, within "
+                f"±{delta:.1%} at N={', '.join(map(str, gone))}")
+    return f"inconclusive: {first.cosine.text()} at N={first.n}, margin ±{delta:.1%}"
+
+
+def scaling_text(rows: list[Row], fit: Fit | None) -> tuple[str, str, bool]:
+    """The O(N·d) against O(N²·d) sentence with the measured trend, the trend alone, and
+    whether the overhead falls with N."""
+    first, last = rows[0], rows[-1]
+    x, y = first.cosine.text(), last.cosine.text()
+    trend = (f"from {x} at N={first.n} to {y} at N={last.n}" if len(rows) > 1
+             else f"{x} at N={first.n}")
+    falls = len(rows) > 1 and last.cosine.ratio < first.cosine.ratio
+    fit_s = f" ({fit_text(fit)})" if fit else ""
+    if len(rows) == 1:
+        return (f"the extra work is O(N·d) normalization against O(N²·d) attention, so it "
+                f"should fall with N; only N={first.n} was measured: {trend}.", trend, falls)
+    if falls:
+        return (f"the extra work is O(N·d) normalization against O(N²·d) attention, so it "
+                f"falls with N: {trend}{fit_s}.", trend, falls)
+    return (f"the extra work is O(N·d) normalization against O(N²·d) attention, so it "
+            f"should fall with N, but here it did not fall: {trend}{fit_s}.", trend, falls)
+
+
+def plain(verdict: str, rows: list[Row], states: dict[int, str], delta: float,
+          fit: Fit | None) -> list[str]:
+    """Two or three sentences on what the thread got right and wrong, from the numbers."""
+    scaling, trend, falls = scaling_text(rows, fit)
+    if verdict == SUPPORTED:
+        largest = max(r.cosine.ratio for r in rows) - 1
+        size = f"small: at most {largest:+.1%}" if largest < SMALL else f"up to {largest:+.1%}"
+        lead = "Overstated as a fixed cost: " if falls else "What it depends on: "
+        return [f"Right: normalizing q and k costs extra work at every N measured ({size} of "
+                f"a forward+backward pass).", lead + scaling]
+    if verdict == REFUTED:
+        return [f"Wrong as measured: cosine stays within ±{delta:.1%} of scaled_dot at every N "
+                f"({trend}).", "Right only in principle: normalizing q and k is O(N·d) extra "
+                "work, too small against O(N²·d) attention for this machine to resolve."]
+    if verdict == DEPENDS:
+        real = [r.n for r in rows if states[r.n] == "real"]
+        gone = [r.n for r in rows if states[r.n] == "absent"]
+        return [f"Right at N={', '.join(map(str, real))}: cosine costs measurably more than "
+                f"scaled_dot.", f"Wrong at N={', '.join(map(str, gone))}: within ±{delta:.1%}; "
+                + scaling]
+    open_n = [str(r.n) for r in rows if states[r.n] == "undecided"]
+    why = ("the noise floor is too wide to show absence" if delta > MAX_DELTA
+           else "the interval straddles the margin")
+    return [f"Undecided at N={', '.join(open_n)}: {why} (±{delta:.1%}), so this run cannot say "
+            f"whether cosine costs more there.", "In principle, " + scaling]
+
+
+def alt(ev: Mapping[str, Any], delta: float | None) -> str:
+    """The overhead at the smallest and largest N, and the noise-floor margin."""
+    rows = sorted(ev["rows"], key=lambda r: r["n"])
+    first, last = rows[0], rows[-1]
+    text = f"Cosine attention costs {ci_pct(first['cosine'])} over scaled_dot at N = {first['n']}"
+    if len(rows) > 1:
+        text += f", {ci_pct(last['cosine'])} at N = {last['n']}"
+    text += " (forward+backward, CPU float32)."
+    if finite(delta):
+        text += (f" Timing scaled_dot against itself the same way stays within ±{delta:.1%}, "
+                 f"the smallest overhead this machine can resolve.")
+    return text
+
+
+def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> list[Figure]:
+    """Cosine's extra time over scaled_dot, and the noise floor, against N (95% CI), the ±δ
+    margin (``numbers["delta"]``) and the fit a + b/N."""
+    delta = numbers.get("delta")
+    rows = sorted(ev["rows"], key=lambda r: r["n"])
+    ns = [r["n"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for key, label, color, shift in (("cosine", "cosine / scaled_dot", "C0", 0.97),
+                                     ("floor", "scaled_dot / itself (noise floor)", "C7", 1.03)):
+        est = [{"mean": 100 * (r[key]["ratio"] - 1),
+                "lo": 100 * (r[key]["lo"] - 1) if finite(r[key].get("lo")) else None,
+                "hi": 100 * (r[key]["hi"] - 1) if finite(r[key].get("hi")) else None}
+               for r in rows]
+        ax.errorbar([n * shift for n in ns], [e["mean"] for e in est], yerr=yerr(est),
+                    marker="o", capsize=3, color=color, label=f"{label}, 95% CI")
+    fit = ev.get("fit")
+    if fit and len(ns) > 1:
+        grid = np.geomspace(ns[0], ns[-1], 50)
+        ax.plot(grid, 100 * (fit["a"] + fit["b"] / grid), "C0--", lw=0.8,
+                label=f"fit $a + b/N$, $b$ = {fit['b']:.3g}")
+    if finite(delta):
+        ax.axhspan(-100 * delta, 100 * delta, color=BAND, zorder=0,
+                   label=f"±δ = ±{delta:.1%}: smallest resolvable")
+    ax.axhline(0, color="k", lw=0.8)
+    log_ticks(ax, ns)
+    ax.set(xlabel="sequence length $N$", ylabel="extra time vs scaled_dot (%)")
+    settings = ev.get("settings", {})
+    threads = ev.get("threads", "?")
+    ax.set_title(f"C5: cosine attention's overhead, forward+backward, CPU float32, "
+                 f"$D={settings.get('head_dim', 64)}$, {threads} thread"
+                 f"{'' if threads == 1 else 's'}", fontsize=10)
+    outside(ax)
+    return [save(fig, folder, "c5_overhead", alt(ev, delta))]
+
+
+def gather(src: Sources) -> dict[str, Any]:
+    return src.measured["bench"]
+
+
+def scale(p: Preset) -> str:
+    """One CPU thread, the N measured and the least number of repeats."""
+    bench = p.bench
+    return (f"one CPU thread, N = {', '.join(map(str, bench['n_values']))}, ≥ "
+            f"{bench['min_repeats']} interleaved repeats; other hardware differs")
+
+
+CLAIM = register(Claim(
+    id="C5", text="Cosine similarity adds computational overhead.",
+    measures="interleaved timing ratios against a noise floor, N = 256 to 4096", rule=RULE,
+    evidence=Evidence, gather=gather, judge=judge, draw=draw,
+    measurements=(Measurement("bench", lambda p: dict(p.bench),
+                              lambda p: overhead.overhead_study(**p.bench)),),
+    scale=scale))

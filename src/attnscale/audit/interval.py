@@ -1,0 +1,123 @@
+"""The audit's one interval type, and the comparison result built on it.
+
+In the manner of scipy.stats result objects: the numbers are fields, what follows from them are
+methods. :class:`Interval` is an estimate with a two-sided interval over ``n`` values (Student
+t for a mean over seeds, or any other interval a measurement reports, with its ``confidence``);
+:class:`Comparison` is a paired difference a − b read against a smallest real effect δ
+(:func:`attnscale.audit.compare.family` builds them from :mod:`attnscale.lab.paired`). Both
+serialize (``model_dump``) to the ``{"mean", "lo", "hi", "n", ...}`` dicts that report.json,
+the figures and the page read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from attnscale.lab.analysis import mean_ci
+from attnscale.lab.paired import EQUAL, GREATER, INCONCLUSIVE, LESS
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+class Interval(BaseModel):
+    """An estimate ``mean`` with the two-sided interval [``lo``, ``hi``] at ``confidence``
+    over ``n`` values; ``lo``/``hi`` are None where there is no interval (n < 2)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mean: float
+    lo: float | None = None
+    hi: float | None = None
+    n: int = 0
+    confidence: float = 0.95
+
+    @classmethod
+    def of(cls, values: Sequence[float], confidence: float = 0.95) -> Interval:
+        """Mean of ``values`` with its Student-t interval (mean ± t_{n−1}·sd/√n)."""
+        ci = mean_ci(list(values), confidence)
+        return cls(mean=ci.mean, lo=ci.low, hi=ci.high, n=ci.n, confidence=confidence)
+
+    def has_interval(self) -> bool:
+        """Both bounds are finite numbers."""
+        return _finite(self.lo) and _finite(self.hi)
+
+    def excludes(self, x: float) -> bool:
+        """The interval lies wholly above or wholly below ``x``."""
+        return self.has_interval() and (self.lo > x or self.hi < x)
+
+    def inside(self, delta: float) -> bool:
+        """The interval lies wholly inside (−δ, +δ)."""
+        return self.has_interval() and -delta < self.lo and self.hi < delta
+
+    def fmt(self, unit: str = "", digits: int = 3) -> str:
+        """``+0.12 [+0.05, +0.19] nats``, or the signed mean alone without an interval."""
+        u = f" {unit}" if unit else ""
+        if not self.has_interval():
+            return f"{self.mean:+.{digits}g}{u}"
+        return f"{self.mean:+.{digits}g} [{self.lo:+.{digits}g}, {self.hi:+.{digits}g}]{u}"
+
+
+class Comparison(Interval):
+    """A paired difference a − b over ``n`` seeds read against δ = ``smallest``.
+
+    ``reading`` is greater / less / equal / inconclusive after Holm's correction over the
+    rule's family (``p_holm``; ``lo_holm``/``hi_holm`` the interval at the level Holm tested it
+    at); ``not_greater``/``not_less`` the non-inferiority readings; ``seeds_to_decide`` the
+    planning figure for an undecided one; ``why`` says why one could not be read at all."""
+
+    p: float = math.nan
+    reading: str = INCONCLUSIVE
+    p_holm: float = math.nan
+    smallest: float = math.nan
+    lo_holm: float = math.nan
+    hi_holm: float = math.nan
+    confidence_holm: float = math.nan
+    not_greater: bool = False
+    not_less: bool = False
+    seeds_to_decide: int | None = None
+    method: str = "t"
+    why: str = ""
+
+    def no_worse(self) -> bool:
+        """"Equal or better" (a − b below +δ): the non-inferiority reading alone, one test in
+        its own Holm family (or-ing it with the equal/less reading would spend α twice)."""
+        return self.not_greater
+
+    def no_better(self) -> bool:
+        """The mirror of :meth:`no_worse`: a − b above −δ."""
+        return self.not_less
+
+    def greater(self) -> bool:
+        """a exceeds b by more than δ."""
+        return self.reading == GREATER
+
+    def less(self) -> bool:
+        """a is below b by more than δ."""
+        return self.reading == LESS
+
+    def equal(self) -> bool:
+        """a and b are within ±δ (equivalence)."""
+        return self.reading == EQUAL
+
+    def decided(self) -> bool:
+        """The reading is not inconclusive."""
+        return self.reading != INCONCLUSIVE
+
+    def past_delta(self) -> bool:
+        """The unadjusted interval clears ±δ (Holm may still leave it undecided)."""
+        return self.has_interval() and (self.lo > self.smallest or self.hi < -self.smallest)
+
+    def effect(self, unit: str = "", digits: int = 3) -> str:
+        """``+0.12 [+0.05, +0.19] nats: greater (Holm p 0.003)``, with why it is unread."""
+        holm = f" (Holm p {self.p_holm:.2g})" if _finite(self.p_holm) else ""
+        why = f" — {self.why}" if self.why else ""
+        u = f" {unit}" if unit else ""
+        lo = self.lo if self.lo is not None else math.nan
+        hi = self.hi if self.hi is not None else math.nan
+        return (f"{self.mean:+.{digits}g} [{lo:+.{digits}g}, {hi:+.{digits}g}]{u}: "
+                f"{self.reading}{holm}{why}")
