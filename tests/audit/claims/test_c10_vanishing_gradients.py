@@ -76,6 +76,10 @@ def test_shapes_of_exact_decays():
         assert kind == M.EXPONENTIAL and ratio == pytest.approx(L.exponential_ratio(), 1e-12)
     assert L.exponential_ratio() == pytest.approx((70 / math.log(10 / 3)) / (20 / math.log(3)))
     assert M.shape(KS, [1.0, 1.0, 1.0])[0] == M.POWER  # flat: no decay at all
+    with pytest.raises(ValueError, match="three scales"):  # a malformed law is a bug
+        M.shape(KS[:2], [1.0, 0.5])
+    with pytest.raises(ValueError, match="positive"):
+        M.shape(KS, [1.0, 0.5, 0.0])
 
 
 def test_flips_on_opposite_shapes():

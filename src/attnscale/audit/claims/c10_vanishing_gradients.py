@@ -155,11 +155,11 @@ def wilson_interval(frac: float, rows: int, confidence: float = 0.95) -> tuple[f
 def shape(ks: list[float], values: list[float]) -> tuple[str, float]:
     """(EXPONENTIAL or POWER, the slope ratio of :func:`decay_ratio`); the cutoff is the
     geometric middle √(:func:`exponential_ratio`) between the two ideal shapes. A curve that
-    does not decrease is a power law of exponent ≤ 0 (ratio nan)."""
-    try:
-        ratio = decay_ratio(ks, values)
-    except ValueError:
+    does not decrease is a power law of exponent ≤ 0 (ratio nan); a law at other than three
+    scales, or with a non-positive value, is a bug (ValueError), never a shape."""
+    if len(ks) == len(values) == 3 and not (values[2] < values[1] < values[0]):
         return POWER, math.nan
+    ratio = decay_ratio(ks, values)
     cut = math.sqrt(exponential_ratio(tuple(ks)))
     return (EXPONENTIAL if ratio > cut else POWER), ratio
 
