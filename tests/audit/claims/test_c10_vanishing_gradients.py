@@ -27,6 +27,7 @@ from attnscale.audit.studies import PRESETS, studies
 from attnscale.audit.verdicts import MissingEvidence
 from attnscale.measure import jacobian as J
 from attnscale.measure import jacobian_law as L
+from attnscale.util.jsonio import jsonable
 
 NS = (64, 512, 4096)
 KS = [10.0, 30.0, 100.0]
@@ -106,7 +107,7 @@ def test_a_monte_carlo_disagreement_is_a_bug_not_a_verdict():
     with pytest.raises(ValueError, match="theory and simulation disagree"):
         judge(ev)
     within = evidence(exponential, power, check=(None, None, 0.11, 0.52))
-    assert judge(within).numbers["per_n"][0]["mc_gap"] == pytest.approx(0.02)
+    assert judge(within).numbers["per_n"][0].mc_gap == pytest.approx(0.02)
 
 
 def test_a_curve_without_a_row_count_cannot_check_the_law():
@@ -187,9 +188,9 @@ def test_on_measured_data_the_known_answer_is_depends():
     v = judge(ev)
     r = v.numbers["per_n"][0]
     assert v.verdict == V.DEPENDS, v.because
-    assert r["rms_slope"] == pytest.approx(-0.5, abs=0.05)
-    assert r["median_ratio"] == pytest.approx(L.exponential_ratio(), abs=0.05)
-    assert r["mc_gap"] < 0.06
+    assert r.rms_slope == pytest.approx(-0.5, abs=0.05)
+    assert r.median_ratio == pytest.approx(L.exponential_ratio(), abs=0.05)
+    assert r.mc_gap < 0.06
     typed = M.Evidence.model_validate(ev)  # every key the measurement writes is declared
     assert typed.curves[0].model_dump()["frac_below_1e-3"] == ev["curves"][0]["frac_below_1e-3"]
 
@@ -275,7 +276,7 @@ def test_figure_is_print_quality_with_its_finding(tmp_path, monkeypatch):
     ev = jacobian_evidence()
     v = judge(ev)
     assert v.verdict == V.DEPENDS
-    (fig,) = M.draw(ev, v.numbers, tmp_path)
+    (fig,) = M.draw(ev, jsonable(v.numbers), tmp_path)  # the plain numbers report.json holds
     assert set(fig) == {"path", "alt"} and Path(fig["path"]).name == "c10_jacobian.png"
     width, height, dpi = png_info(fig["path"])
     assert dpi >= 150 and width >= 600 and height >= 400

@@ -119,6 +119,32 @@ class Law(Model):
     gap_theta: float | None = None
 
 
+class PerN(Model):
+    """What the rule read at one n: the two decay shapes (:func:`shape`), the law at 10, 30,
+    100·s_c, the RMS's log-log slope, and how far the Monte Carlo sits from the law."""
+
+    n: int
+    s_c: float
+    uniform_limit: float
+    median_shape: str
+    median_ratio: float
+    rms_shape: str
+    rms_ratio: float
+    rms_slope: float
+    ks: list[float]
+    law_median: list[float]
+    law_frac: list[float]
+    law_rms: list[float]
+    s_over_sc: float
+    median: float
+    frac: float
+    rms: float
+    crossing_s_over_sc: float
+    peak_median: float
+    rows: int | None
+    mc_gap: float
+
+
 class Saturation(Model):
     """Trained models' fraction of rows with max weight > 0.9 (mean and 95% CI over seeds)."""
 
@@ -184,20 +210,19 @@ def check_monte_carlo(curve: Curve, law: Law) -> float:
     return worst
 
 
-def judge_n(curve: Curve, law: Law) -> dict[str, Any]:
+def judge_n(curve: Curve, law: Law) -> PerN:
     """One n: the two shapes, the numbers at 10·s_c, and the Monte Carlo check."""
     med_shape, med_ratio = shape(law.k, law.median)
     rms_shape, rms_ratio = shape(law.k, law.rms)
     lk = [math.log(k) for k in law.k]
     rms_slope = (math.log(law.rms[-1]) - math.log(law.rms[0])) / (lk[-1] - lk[0])
-    return {"n": curve.n, "s_c": curve.s_c, "uniform_limit": curve.uniform_limit,
-            "median_shape": med_shape, "median_ratio": med_ratio, "rms_shape": rms_shape,
-            "rms_ratio": rms_ratio, "rms_slope": rms_slope, "ks": law.k,
-            "law_median": law.median, "law_frac": law.frac, "law_rms": law.rms,
-            "s_over_sc": law.k[0], "median": law.median[0], "frac": law.frac[0],
-            "rms": law.rms[0], "crossing_s_over_sc": law.k_half,
-            "peak_median": max(curve.median), "rows": curve.rows,
-            "mc_gap": check_monte_carlo(curve, law)}
+    return PerN(n=curve.n, s_c=curve.s_c, uniform_limit=curve.uniform_limit,
+                median_shape=med_shape, median_ratio=med_ratio, rms_shape=rms_shape,
+                rms_ratio=rms_ratio, rms_slope=rms_slope, ks=law.k, law_median=law.median,
+                law_frac=law.frac, law_rms=law.rms, s_over_sc=law.k[0], median=law.median[0],
+                frac=law.frac[0], rms=law.rms[0], crossing_s_over_sc=law.k_half,
+                peak_median=max(curve.median), rows=curve.rows,
+                mc_gap=check_monte_carlo(curve, law))
 
 
 def g2(x: float) -> str:
@@ -208,16 +233,16 @@ def pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def headline(verdict: str, per_n: list[dict[str, Any]]) -> str:
+def headline(verdict: str, per_n: list[PerN]) -> str:
     """The verdict with the shapes of the two decays."""
-    k_half = ", ".join(f"{r['crossing_s_over_sc']:.1f}" for r in per_n)
-    slope = ", ".join(f"{r['rms_slope']:+.2f}" for r in per_n)
-    med = {r["median_shape"] for r in per_n}
+    k_half = ", ".join(f"{r.crossing_s_over_sc:.1f}" for r in per_n)
+    slope = ", ".join(f"{r.rms_slope:+.2f}" for r in per_n)
+    med = {r.median_shape for r in per_n}
     if verdict == INCONCLUSIVE:
         return "inconclusive: the law was not computed"
     if med != {EXPONENTIAL}:
         return f"{verdict}: the median row's ‖J‖_F does not fall exponentially at every n"
-    rms = {r["rms_shape"] for r in per_n}
+    rms = {r.rms_shape for r in per_n}
     tail = ("the RMS also exponentially" if rms == {EXPONENTIAL} else
             f"the RMS as s^({slope})" if rms == {POWER} else
             "the RMS exponentially at some n, as a power of s at others")
@@ -225,34 +250,34 @@ def headline(verdict: str, per_n: list[dict[str, Any]]) -> str:
             f"{k_half}·s_c), {tail}")
 
 
-def plain(verdict: str, per_n: list[dict[str, Any]], trained: dict[str, Saturation] | None,
+def plain(verdict: str, per_n: list[PerN], trained: dict[str, Saturation] | None,
           ) -> list[str]:
     """What the thread got right, what it missed toward uniform, and where rows vanish."""
     r = per_n[-1]
-    ks = ", ".join(f"{k:g}" for k in r["ks"])
-    meds = ", ".join(g2(x) for x in r["law_median"])
-    fracs = ", ".join(pct(x) for x in r["law_frac"])
-    rms = ", ".join(g2(x) for x in r["law_rms"])
+    ks = ", ".join(f"{k:g}" for k in r.ks)
+    meds = ", ".join(g2(x) for x in r.law_median)
+    fracs = ", ".join(pct(x) for x in r.law_frac)
+    rms = ", ".join(g2(x) for x in r.law_rms)
     first = {
         SUPPORTED: f"Right: past saturation both the typical row's and the mean-square "
-                   f"Jacobian vanish exponentially (n={r['n']}, s = {ks}·s_c: median {meds}; "
+                   f"Jacobian vanish exponentially (n={r.n}, s = {ks}·s_c: median {meds}; "
                    f"RMS {rms}).",
-        DEPENDS: f"Right for the typical row, not on average: at n={r['n']} and s = {ks}·s_c "
+        DEPENDS: f"Right for the typical row, not on average: at n={r.n} and s = {ks}·s_c "
                  f"the median row's ‖J‖_F is {meds} (exponential in s), but the RMS is "
-                 f"{rms}, falling only like s^{r['rms_slope']:+.2f}: the rows whose two "
+                 f"{rms}, falling only like s^{r.rms_slope:+.2f}: the rows whose two "
                  f"largest logits nearly tie keep a live Jacobian, and only {fracs} of rows "
                  f"are below 1e-3.",
         REFUTED: f"Wrong as stated: even the median row's ‖J‖_F does not fall exponentially "
-                 f"(n={r['n']}: {meds} at s = {ks}·s_c).",
+                 f"(n={r.n}: {meds} at s = {ks}·s_c).",
         INCONCLUSIVE: "Not decided: the law of the row norm was not computed.",
     }[verdict]
-    unif = ", ".join(f"{x['uniform_limit']:.3g} at n={x['n']}" for x in per_n)
+    unif = ", ".join(f"{x.uniform_limit:.3g} at n={x.n}" for x in per_n)
     second = (f"Missing: toward uniform ‖J‖_F does not vanish either; it levels off at "
               f"√(n−1)/n ≈ 1/√n ({unif}).")
-    cross = ", ".join(f"n={x['n']}: {x['crossing_s_over_sc']:.1f}·s_c" for x in per_n)
+    cross = ", ".join(f"n={x.n}: {x.crossing_s_over_sc:.1f}·s_c" for x in per_n)
     third = (f"Where the median row reaches 1e-3: {cross}, i.e. logits about ten times larger "
              f"than where the softmax starts to saturate; the Monte Carlo check agrees with "
-             f"the law within {max(x['mc_gap'] for x in per_n):.3f} in the fraction. "
+             f"the law within {max(x.mc_gap for x in per_n):.3f} in the fraction. "
              + trained_text(trained))
     return [first, second, third]
 
@@ -266,9 +291,9 @@ def trained_text(trained: dict[str, Saturation] | None) -> str:
             f"{dot} without 1/√d_k and {sd} with it.")
 
 
-def smallest(per_n: list[dict[str, Any]]) -> str:
+def smallest(per_n: list[PerN]) -> str:
     """Why the rule has no effect size, and how far below the alternatives 1e-3 sits."""
-    ratios = ", ".join(f"{r['uniform_limit'] / VANISH:.0f}× at n={r['n']}" for r in per_n)
+    ratios = ", ".join(f"{r.uniform_limit / VANISH:.0f}× at n={r.n}" for r in per_n)
     return ("No effect size: the verdict reads the shape of two exact decays, which the "
             "mathematics fixes (slope ratio 3.19 for an exponential over 10, 30, 100·s_c, 1 "
             "for a power law; the cutoff sits at their geometric middle, 1.79). ‖J‖_F < 1e-3, "
@@ -292,8 +317,8 @@ def judge(ev: Evidence) -> Verdict:
         return Verdict(INCONCLUSIVE, RULE, f"missing evidence: no law for n={missing}",
                        {"per_n": []}, headline=headline(INCONCLUSIVE, []), regime=regime)
     per_n = [judge_n(c, laws[c.n]) for c in ev.curves]
-    med = {r["median_shape"] for r in per_n}
-    rms = {r["rms_shape"] for r in per_n}
+    med = {r.median_shape for r in per_n}
+    rms = {r.rms_shape for r in per_n}
     if med == rms == {EXPONENTIAL}:
         verdict = SUPPORTED
     elif med == {EXPONENTIAL} and rms == {POWER}:
@@ -303,10 +328,10 @@ def judge(ev: Evidence) -> Verdict:
     else:
         verdict = DEPENDS  # the RMS's shape differs between n
     because = "; ".join(
-        f"n={r['n']}: median {r['median_shape']} (slope ratio {r['median_ratio']:.2f}), RMS "
-        f"{r['rms_shape']} (ratio {r['rms_ratio']:.2f}, slope {r['rms_slope']:+.2f}), "
-        f"{pct(r['frac'])} of rows below 1e-3 at 10·s_c, Monte Carlo within "
-        f"{r['mc_gap']:.3f}" for r in per_n)
+        f"n={r.n}: median {r.median_shape} (slope ratio {r.median_ratio:.2f}), RMS "
+        f"{r.rms_shape} (ratio {r.rms_ratio:.2f}, slope {r.rms_slope:+.2f}), "
+        f"{pct(r.frac)} of rows below 1e-3 at 10·s_c, Monte Carlo within "
+        f"{r.mc_gap:.3f}" for r in per_n)
     return Verdict(verdict, RULE, because, {"per_n": per_n},
                    headline=headline(verdict, per_n), plain=plain(verdict, per_n, ev.trained),
                    regime=regime, smallest=smallest(per_n))
