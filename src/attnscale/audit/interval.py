@@ -54,12 +54,13 @@ class Interval(BaseModel):
         """The interval lies wholly inside (−δ, +δ)."""
         return self.has_interval() and -delta < self.lo and self.hi < delta
 
-    def fmt(self, unit: str = "", digits: int = 3) -> str:
-        """``+0.12 [+0.05, +0.19] nats``, or the signed mean alone without an interval."""
-        u = f" {unit}" if unit else ""
+    def fmt(self, unit: str = "", digits: int = 3, sign: bool = True) -> str:
+        """``+0.12 [+0.05, +0.19] nats`` (``sign=False``: ``0.12 [0.05, 0.19]``), or the mean
+        alone without an interval."""
+        u, f = f" {unit}" if unit else "", f"{'+' if sign else ''}.{digits}g"
         if not self.has_interval():
-            return f"{self.mean:+.{digits}g}{u}"
-        return f"{self.mean:+.{digits}g} [{self.lo:+.{digits}g}, {self.hi:+.{digits}g}]{u}"
+            return f"{self.mean:{f}}{u}"
+        return f"{self.mean:{f}} [{self.lo:{f}}, {self.hi:{f}}]{u}"
 
 
 class Comparison(Interval):

@@ -72,15 +72,6 @@ class Verdict:
             self.headline = self.verdict
 
 
-def fmt_ci(x: dict[str, Any] | None) -> str:
-    """``mean [lo, hi]``, or the mean alone for a single seed ("n/a" for None)."""
-    if x is None:
-        return "n/a"
-    if x.get("lo") is None or x.get("hi") is None or x.get("n", 1) < 2:
-        return f"{x['mean']:.3g}"
-    return f"{x['mean']:.3g} [{x['lo']:.3g}, {x['hi']:.3g}]"
-
-
 def undecided_comparisons(numbers: Any, name: str = "") -> list[tuple[str, dict[str, Any]]]:
     """Every inconclusive comparison in a verdict's numbers, however nested, with its path."""
     if isinstance(numbers, dict):

@@ -46,7 +46,6 @@ from attnscale.audit.verdicts import (
     SUPPORTED,
     MissingEvidence,
     Verdict,
-    fmt_ci,
 )
 from attnscale.measure import jacobian
 from attnscale.measure.jacobian import VANISH, frac_key
@@ -286,7 +285,7 @@ def trained_text(trained: dict[str, Saturation] | None) -> str:
     """The trained models' saturated-row fraction without and with 1/√d_k, when given."""
     if not trained or not all(trained.get(k) for k in ("dot", "scaled_dot")):
         return "No trained-model saturation was given, so this verdict rests on theory alone."
-    dot, sd = (fmt_ci(trained[k].saturated_fraction.model_dump()) for k in ("dot", "scaled_dot"))
+    dot, sd = (trained[k].saturated_fraction.fmt(sign=False) for k in ("dot", "scaled_dot"))
     return (f"In the trained models the fraction of rows saturated (max weight > 0.9) is "
             f"{dot} without 1/√d_k and {sd} with it.")
 
