@@ -7,6 +7,7 @@ torch.Size([2, 4, 16, 8])
 """
 
 from attnscale.core.attention import attention, reference_attention
+from attnscale.core.reference import attention_logits
 from attnscale.core.scores import SCORES, Score, get_score, register
 
 __version__ = "0.2.0"
@@ -33,6 +34,7 @@ __all__ = [
     "Score",
     "__version__",
     "attention",
+    "attention_logits",
     "attention_stats",
     "get_score",
     "reference_attention",

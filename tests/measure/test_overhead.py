@@ -135,6 +135,9 @@ def test_fit_agrees_with_scipy_curve_fit():
     assert fit["a"] == pytest.approx(pa, rel=1e-6) and fit["b"] == pytest.approx(pb, rel=1e-6)
     assert fit["a_se"] == pytest.approx(math.sqrt(cov[0, 0]), rel=1e-5)
     assert fit["b_se"] == pytest.approx(math.sqrt(cov[1, 1]), rel=1e-5)
+    assert fit["cov_ab"] == pytest.approx(cov[0, 1], rel=1e-5) and fit["dof"] == 2
+    resid = y - (pa + pb / ns)
+    assert fit["chi2"] == pytest.approx(float(((resid / sig) ** 2).sum()), rel=1e-6)
     exact = O.fit_inverse_n([256, 1024], [0.05 + 8 / 256, 0.05 + 8 / 1024])
     assert exact["a"] == pytest.approx(0.05) and exact["b"] == pytest.approx(8.0)
     assert exact["a_se"] is None and not exact["weighted"]
@@ -161,7 +164,8 @@ def test_overhead_study_runs_tiny():
             e = r[key]
             assert e["n"] >= 2 and e["lo"] <= e["ratio"] <= e["hi"]
             assert e["ms"] > 0 and e["baseline_ms"] > 0 and e["number"] >= 1
-    assert set(out["fit"]) == {"a", "b", "a_se", "b_se", "weighted", "points"}
+    assert set(out["fit"]) == {"a", "b", "a_se", "b_se", "cov_ab", "chi2", "dof", "weighted",
+                               "points"}
     s = out["settings"]
     assert (s["head_dim"], s["dtype"], s["causal"], s["tau"]) == (8, "float32", False, 10.0)
     assert "torch" in out["versions"] and out["seconds"] > 0

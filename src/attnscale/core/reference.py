@@ -1,4 +1,5 @@
-"""The float64 ground truth: every logit built from the score's plain formula, then softmax."""
+"""The float64 ground truth: every logit built from the score's plain formula, then softmax;
+and those logits themselves (:func:`attention_logits`), for statistics of a row's scores."""
 
 from __future__ import annotations
 
@@ -51,6 +52,48 @@ def reference_attention(
     return x.restore(out)
 
 
+def attention_logits(
+    query: Tensor,
+    key: Tensor,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    score: str | Score = "scaled_dot",
+    **score_params: Any,
+) -> Tensor:
+    """The pre-softmax logits (…, H, Nq, Nk) that :func:`reference_attention` softmaxes, in the
+    query's dtype: the score's plain formula, a float mask added, −inf where a key is hidden
+    (by a bool mask or ``is_causal``). Arguments as in :func:`attnscale.attention` (no value)."""
+    sc = get_score(score)
+    params = resolve_params(sc, score_params, scale)
+    x = check_inputs(query, key, key, attn_mask, 0.0, is_causal, enable_gqa)
+    if x.key_group > 1:
+        params = expand_key_head_params(params, x.key_group)
+    mask = normalize_mask(x.mask, query.dtype)
+    logits, _ = masked_logits(sc, params, x.q, x.k, mask, is_causal, scale,
+                              x.k.shape[1] != x.q.shape[1])
+    return x.restore(logits)
+
+
+def masked_logits(sc: Score, params: Params, q: Tensor, k: Tensor, mask: Tensor | None,
+                  is_causal: bool, scale: float | None,
+                  enable_gqa: bool) -> tuple[Tensor, Tensor]:
+    """Checked 4-D inputs -> (logits (B, H, Nq, Nk) with −inf at hidden keys, keep (…, Nq, Nk)
+    bool)."""
+    if enable_gqa and k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(group, dim=1)
+        params = expand_key_head_params(params, group)
+    keep = keep_matrix(q.shape[-2], k.shape[-2], mask, is_causal, q.device)  # (…, Nq, Nk)
+    ctx = Context(head_dim=q.shape[-1], n_visible=lambda: keep.sum(-1, keepdim=True))
+    logits = sc.formula(q, k, scale, params, ctx)  # (B, H, Nq, Nk)
+    if mask is not None and mask.dtype != torch.bool:
+        logits = logits + mask
+    return logits.masked_fill(~keep, float("-inf")), keep
+
+
 def materialized_attention(
     sc: Score,
     params: Params,
@@ -69,16 +112,8 @@ def materialized_attention(
     cases the fast kernels don't cover, and as the "naive" baseline in benchmarks.
     """
     if enable_gqa and k.shape[1] != q.shape[1]:
-        group = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        params = expand_key_head_params(params, group)
-    nq, nk = q.shape[-2], k.shape[-2]
-    keep = keep_matrix(nq, nk, mask, is_causal, q.device)  # (…, Nq, Nk) bool
-    ctx = Context(head_dim=q.shape[-1], n_visible=lambda: keep.sum(-1, keepdim=True))
-    logits = sc.formula(q, k, scale, params, ctx)  # (B, H, Nq, Nk)
-    if mask is not None and mask.dtype != torch.bool:
-        logits = logits + mask
-    logits = logits.masked_fill(~keep, float("-inf"))
+        v = v.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    logits, keep = masked_logits(sc, params, q, k, mask, is_causal, scale, enable_gqa)
     weights = torch.softmax(logits, dim=-1)
     weights = weights.masked_fill(~keep.any(-1, keepdim=True), 0.0)  # fully masked rows -> 0
     if dropout_p > 0.0:

@@ -2,7 +2,8 @@
 
 * Attention statistics (:func:`attention_rows`): for each ``MultiheadSelfAttention`` layer, the
   means of :data:`LAYER_STATS` from :class:`attnscale.measure.monitor.Monitor` (the pre-softmax
-  scores after scaling and masking, and their softmax pattern), the RMS √mean(x²) of q and k, and
+  scores after scaling and masking, and their softmax pattern), the RMS √mean(x²) of q and k,
+  the typical row's logit spread (:func:`row_logit_std`), and
   the mean of each learned scalar or per-head score parameter, from one extra no-grad forward of
   the first ``stats_batch`` sequences of the current batch (:func:`head`).
 * TensorBoard (``run(..., tensorboard=DIR)``, ``attnscale train --tensorboard DIR``): each history
@@ -23,12 +24,13 @@ import torch
 from torch import Tensor, nn
 
 from attnscale.core.nn import MultiheadSelfAttention
+from attnscale.core.reference import attention_logits
 from attnscale.integrations.tensorboard import ScalarWriter, log_attention
 from attnscale.lab.tasks import Batch
 from attnscale.measure.monitor import Monitor
 
 __all__ = ["LAYER_STATS", "TENSORBOARD_EXTRA", "attention_rows", "head", "layer_row",
-           "open_tensorboard", "rms", "tensorboard_available", "write_row"]
+           "open_tensorboard", "rms", "row_logit_std", "tensorboard_available", "write_row"]
 
 TENSORBOARD_EXTRA = "hf"  # the pyproject.toml optional-dependency group with tensorboard
 LAYER_STATS = ("max_abs_logit", "logit_std", "entropy", "entropy_normalized", "max_weight",
@@ -48,17 +50,19 @@ ROW_SCALARS = (("loss", "train/loss"), ("lr", "train/lr"), ("grad_norm", "train/
 def attention_rows(model: nn.Module, batch: Batch) -> list[dict[str, float | None]]:
     """Per-layer attention statistics of ``batch`` from one no-grad forward.
 
-    The statistics come from :class:`attnscale.measure.monitor.Monitor`; the q/k RMS from each
-    :class:`MultiheadSelfAttention`'s ``capture`` hook, which the monitor chains to.
+    The statistics come from :class:`attnscale.measure.monitor.Monitor`; the q/k RMS and the
+    row logit spread (:func:`row_logit_std`) from each :class:`MultiheadSelfAttention`'s
+    ``capture`` hook, which the monitor chains to.
     """
     modules = {n: m for n, m in model.named_modules() if isinstance(m, MultiheadSelfAttention)}
     if not modules:
         return []
-    qk: dict[str, tuple[float, float]] = {}
+    qk: dict[str, tuple[float, float, float]] = {}
     names = {id(m): n for n, m in modules.items()}
     previous = {n: m.capture for n, m in modules.items()}
     for m in modules.values():
-        m.capture = lambda mod, q, k, call: qk.__setitem__(names[id(mod)], (rms(q), rms(k)))
+        m.capture = lambda mod, q, k, call: qk.__setitem__(
+            names[id(mod)], (rms(q), rms(k), row_logit_std(attention_logits(q, k, **call))))
     was_training = model.training
     model.eval()
     try:
@@ -78,11 +82,14 @@ def head(batch: Batch, n: int) -> Batch:
     return Batch(batch.tokens[:n], batch.targets[:n], scale)
 
 
-def layer_row(module: MultiheadSelfAttention, q_rms: float, k_rms: float, means: dict) -> dict:
+def layer_row(module: MultiheadSelfAttention, q_rms: float, k_rms: float, row_std: float,
+              means: dict) -> dict:
     """One layer's history row: the monitor's means (None where not finite, and all but
-    ``nonfinite_fraction`` None when q or k is not finite), q/k RMS, and the
-    mean of each learned scalar or per-head score parameter (a learned τ, s)."""
-    row: dict[str, float | None] = {"q_rms": q_rms, "k_rms": k_rms}
+    ``nonfinite_fraction`` None when q or k is not finite), q/k RMS, the row logit spread
+    ``row_logit_std`` (None when not finite), and the mean of each learned scalar or per-head
+    score parameter (a learned τ, s)."""
+    row: dict[str, float | None] = {"q_rms": q_rms, "k_rms": k_rms,
+                                    "row_logit_std": row_std if math.isfinite(row_std) else None}
     finite = math.isfinite(q_rms) and math.isfinite(k_rms)
     for name in LAYER_STATS:
         value = means.get(name)
@@ -92,6 +99,22 @@ def layer_row(module: MultiheadSelfAttention, q_rms: float, k_rms: float, means:
         if value.dim() <= 1:  # per-head weights over the head dimension are not logged
             row[name] = float(value.detach().float().mean())
     return row
+
+
+def row_logit_std(logits: Tensor) -> float:
+    """The typical row's logit spread: the mean over query rows (and heads, batch) of the
+    standard deviation of that row's visible logits, σ_i = √(mean_j ℓ_ij² − (mean_j ℓ_ij)²)
+    over keys j it sees (−inf marks a hidden key); rows seeing fewer than two keys are left
+    out. NaN when no row counts or a visible logit is not finite. Unlike the std over every
+    (query, key) entry, a shift shared by a row (which the softmax ignores) does not count."""
+    z = logits.detach().double()
+    visible = z != float("-inf")
+    n = visible.sum(-1)
+    x = torch.where(visible, z, torch.zeros((), dtype=z.dtype))
+    mean = x.sum(-1) / n.clamp(min=1)
+    var = torch.where(visible, (x - mean[..., None]) ** 2, 0.0).sum(-1) / n.clamp(min=1)
+    rows = n >= 2
+    return float(var[rows].sqrt().mean()) if bool(rows.any()) else math.nan
 
 
 def rms(x: Tensor) -> float:

@@ -39,7 +39,8 @@ Evidence dict returned by :func:`overhead_study` (JSON-ready; read by
     {"rows": [{"n", "batch", "heads",
                "cosine": RatioEstimate.to_dict(),   # cosine / scaled_dot
                "floor": RatioEstimate.to_dict()}],  # scaled_dot / scaled_dot
-     "fit": {"a", "b", "a_se", "b_se", "weighted", "points"} or None (fewer than 2 N),
+     "fit": {"a", "b", "a_se", "b_se", "cov_ab", "chi2", "dof", "weighted", "points"} or None
+            (fewer than 2 N),
      "settings": {"head_dim", "dtype", "causal", "pass", "tau", "work", "target",
                   "min_repeats", "budget_s", "block_s", "level"},
      "threads": int, "versions": {...}, "seconds": float}
@@ -197,8 +198,10 @@ def fit_inverse_n(
     n_values: Iterable[int], overheads: Iterable[float], sigmas: Iterable[float] | None = None
 ) -> dict[str, Any] | None:
     """Weighted least squares of overhead(N) = a + b/N (weights 1/σ²; unweighted when σ is
-    missing or any σ ≤ 0). Returns {"a", "b", "a_se", "b_se", "weighted", "points"} with the
-    standard errors from (XᵀWX)⁻¹ (σ taken as absolute), or None with fewer than 2 distinct N."""
+    missing or any σ ≤ 0). Returns {"a", "b", "a_se", "b_se", "cov_ab", "chi2", "dof",
+    "weighted", "points"} with the covariance from (XᵀWX)⁻¹ (σ taken as absolute), χ² = Σ
+    w·residual² and dof = points − 2 (for a Birge ratio √(χ²/dof) when the errors are
+    understated), or None with fewer than 2 distinct N."""
     x = 1.0 / np.asarray(list(n_values), dtype=float)
     y = np.asarray(list(overheads), dtype=float)
     if x.shape != y.shape:
@@ -218,10 +221,12 @@ def fit_inverse_n(
         rss = float(((y - design @ coef) ** 2).sum())
         cov = np.linalg.inv(normal) * (rss / dof if dof > 0 else math.nan)
     se = np.sqrt(np.diag(cov))
+    chi2 = float((w * (y - design @ coef) ** 2).sum())
     return {"a": float(coef[0]), "b": float(coef[1]),
             "a_se": None if math.isnan(se[0]) else float(se[0]),
             "b_se": None if math.isnan(se[1]) else float(se[1]),
-            "weighted": weighted, "points": int(x.size)}
+            "cov_ab": None if math.isnan(cov[0, 1]) else float(cov[0, 1]),
+            "chi2": chi2, "dof": int(x.size) - 2, "weighted": weighted, "points": int(x.size)}
 
 
 def batch_heads(n: int, work: int) -> tuple[int, int]:

@@ -10,7 +10,13 @@ The smallest overhead treated as real is δ = max(2%, worst floor deviation), th
 deviation at one N being |r_floor − 1| + its interval's larger half-width: identical work
 measured by the same procedure cannot tell apart anything smaller. Cosine normalizes q and k,
 O(N·d) work against O(N²·d) for attention (Henry et al. 2020), so the overhead is expected to
-fall like 1/N; the evidence's fit overhead ≈ a + b/N shows whether it does.
+fall like 1/N, and the rule reads the weighted fit overhead(N) ≈ a + b/N rather than each N
+alone: at each N measured, the fitted overhead with its 95% band (normal, from the fit's
+covariance, widened by the Birge ratio √(χ²/dof) when the points scatter more than their
+errors say). The fit pools every N, so one noisy repeat series cannot flip the verdict; the
+standard preset stops each measurement at a half-width of 1%, half the smallest δ (a target
+equal to δ let a true 1–1.5% overhead read absent in one run and undecided in the next). Where the fitted
+overhead crosses δ, N* = b/(δ − a) says from which length on it is below what counts.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 from pydantic import ConfigDict, Field
+from scipy.stats import chi2 as chi2_dist
 
 from attnscale.audit.claim import Claim, Figure, Measurement, Sources, register
 from attnscale.audit.evidence import Model
@@ -32,19 +39,24 @@ from attnscale.audit.theory_plots import BAND, log_ticks, outside, save, yerr
 from attnscale.audit.verdicts import DEPENDS, INCONCLUSIVE, REFUTED, SUPPORTED, Verdict
 from attnscale.measure import overhead
 
+Z95 = 1.959963984540054  # the fit's errors are absolute (weights 1/σ²): a normal band
+
 MIN_DELTA = 0.02  # below 2% a CPU timing difference is not worth a claim
 MAX_DELTA = 0.10  # a floor noisier than this cannot show that an overhead is absent
 SMALL = 0.10  # overheads under 10% are called small
 
 RULE = ("From the overhead study: forward+backward time of cosine / scaled_dot on the same "
         "fused kernel, measured in interleaved repeats until the 95% interval of the "
-        "geometric-mean ratio is within ±2% (or a time budget runs out), at each N, beside "
-        "a noise floor (scaled_dot / scaled_dot, same procedure). Margin δ = max(2%, the "
-        "floor's worst |ratio − 1| plus half-width). At each N the overhead is real if the "
-        "interval lies above 1 + δ, absent if it lies within (1 − δ, 1 + δ) (only when δ ≤ "
-        "10%: a noisier floor cannot show absence), undecided otherwise. Supported if real "
-        "at every N; refuted if absent at every N; depends (on N) if real at some N and "
-        "absent at others with no unconverged undecided N; inconclusive otherwise")
+        "geometric-mean ratio reaches the stopping target (±1% in the standard preset, half "
+        "of the smallest δ) or a time budget runs out, at each N, beside a noise floor "
+        "(scaled_dot / scaled_dot, same procedure). Margin δ = max(2%, the floor's worst "
+        "|ratio − 1| plus half-width). The overhead at each N is read from the weighted fit "
+        "a + b/N over every N (95% band from its covariance, widened by the Birge ratio when "
+        "χ²/dof > 1; the measured interval itself when there is no fit): real if the band "
+        "lies above +δ, absent if it lies within ±δ (only when δ ≤ 10%: a noisier floor "
+        "cannot show absence), undecided otherwise. Supported if real at every N; refuted "
+        "if absent at every N; depends (on N) if real at some N and absent at others with no "
+        "unconverged undecided N; inconclusive otherwise")
 
 
 def pct(x: float) -> str:
@@ -108,8 +120,39 @@ class Fit(Model):
     b: float
     a_se: float | None = None
     b_se: float | None = None
+    cov_ab: float | None = None
+    chi2: float | None = None
+    dof: int | None = None
     weighted: bool | None = None
     points: int | None = None
+
+    def usable(self) -> bool:
+        """A weighted fit with its whole covariance (older evidence lacks cov_ab) that the
+        points do not reject: χ² below its 99th percentile (a misfit means the overhead does
+        not follow a + b/N, and each N is read as measured)."""
+        if not self.weighted or None in (self.a_se, self.b_se, self.cov_ab):
+            return False
+        return not self.dof or self.chi2 is None or self.chi2 <= chi2_dist.ppf(0.99, self.dof)
+
+    def birge(self) -> float:
+        """√(χ²/dof), at least 1: how far the points scatter beyond their stated errors."""
+        if not self.dof or self.chi2 is None:
+            return 1.0
+        return max(1.0, (self.chi2 / self.dof) ** 0.5)
+
+    def at(self, n: int) -> Interval:
+        """The fitted overhead a + b/N with its 95% band (as a ratio, 1 + overhead)."""
+        x = 1.0 / n
+        var = self.a_se**2 + (x * self.b_se) ** 2 + 2 * x * self.cov_ab
+        half = Z95 * self.birge() * max(var, 0.0) ** 0.5
+        mid = 1 + self.a + self.b * x
+        return Interval(mean=mid, lo=mid - half, hi=mid + half, n=self.points or 0)
+
+    def crossing(self, delta: float) -> float | None:
+        """N* = b/(δ − a), where the fitted overhead falls to δ (None if it never does)."""
+        if self.b <= 0 or self.a >= delta:
+            return None
+        return self.b / (delta - self.a)
 
 
 class Settings(Model):
@@ -157,7 +200,14 @@ def margin(ev: Evidence) -> tuple[float, int | None]:
     return max(MIN_DELTA, devs[worst] if worst is not None else 0.0), worst
 
 
-def classify(est: Ratio, delta: float) -> str:
+def read_at(ev: Evidence) -> dict[int, Interval]:
+    """N -> the overhead the rule reads there: the fit's band when the fit is usable, else the
+    measured interval."""
+    fit = ev.fit if ev.fit is not None and ev.fit.usable() else None
+    return {r.n: fit.at(r.n) if fit else r.cosine.interval() for r in ev.rows}
+
+
+def classify(est: Ratio | Interval, delta: float) -> str:
     """"real", "absent" or "undecided" for one cosine / scaled_dot ratio and its interval."""
     lo, hi = est.lo, est.hi
     if lo is None or hi is None:
@@ -185,7 +235,8 @@ def judge(ev: Evidence) -> Verdict:
     if not rows:
         raise ValueError("ev: the overhead study has no rows")
     delta, worst_n = margin(ev)
-    states = {r.n: classify(r.cosine, delta) for r in rows}
+    read = read_at(ev)
+    states = {r.n: classify(read[r.n], delta) for r in rows}
     unresolved = any(states[r.n] == "undecided" and not r.cosine.converged for r in rows)
     kinds = set(states.values())
     if kinds == {"real"}:
@@ -197,22 +248,25 @@ def judge(ev: Evidence) -> Verdict:
     else:
         verdict = INCONCLUSIVE
     by_n = {str(r.n): {"ratio": r.cosine.ratio, "lo": r.cosine.lo, "hi": r.cosine.hi,
-                       "state": states[r.n], "converged": r.cosine.converged,
-                       "floor": r.floor.ratio} for r in rows}
+                       "read": read[r.n].model_dump(), "state": states[r.n],
+                       "converged": r.cosine.converged, "floor": r.floor.ratio} for r in rows}
+    fitted = ev.fit is not None and ev.fit.usable()
+    cross = ev.fit.crossing(delta) if fitted else None
     floor_dev = floor_deviation(next(r.floor for r in rows if r.n == worst_n))
-    because = ("cosine / scaled_dot fwd+bwd: "
-               + "; ".join(f"N={r.n}: {r.cosine.text()} ({states[r.n]}"
-                           f"{'' if r.cosine.converged else ', not converged'})"
-                           for r in rows)
+    because = ("cosine / scaled_dot fwd+bwd, measured: "
+               + "; ".join(f"N={r.n}: {r.cosine.text()}"
+                           f"{'' if r.cosine.converged else ' (not converged)'}" for r in rows)
+               + (". Read from the fit a + b/N: " if fitted else ". Read as measured: ")
+               + "; ".join(f"N={r.n}: {band_text(read[r.n])} ({states[r.n]})" for r in rows)
                + f". Noise floor (scaled_dot / scaled_dot) worst deviation {floor_dev:.1%} at "
                f"N={worst_n}; margin δ = ±{delta:.1%}")
     threads: int | str = "?" if ev.threads is None else ev.threads
     return Verdict(
         verdict, RULE, because,
-        {"delta": delta, "by_n": by_n,
+        {"delta": delta, "by_n": by_n, "from_fit": fitted, "crossing": cross,
          "fit": None if ev.fit is None else ev.fit.model_dump(exclude_unset=True)},
-        headline=headline(verdict, rows, states, delta),
-        plain=plain(verdict, rows, states, delta, ev.fit),
+        headline=headline(verdict, rows, read, states, delta),
+        plain=plain(verdict, rows, read, states, delta, ev.fit, cross),
         regime=f"CPU float32, forward+backward, D={ev.settings.head_dim}, {threads} "
                f"thread{'' if threads == 1 else 's'}",
         smallest=(f"±{delta:.1%}: the larger of {MIN_DELTA:.0%} and the noise floor's worst "
@@ -221,21 +275,27 @@ def judge(ev: Evidence) -> Verdict:
                   f"cannot resolve less"))
 
 
-def headline(verdict: str, rows: list[Row], states: dict[int, str], delta: float) -> str:
+def band_text(i: Interval) -> str:
+    """"+3.1% [+2.0%, +4.2%]" for an overhead read as a ratio interval."""
+    return ratio_text(i.mean, i.lo, i.hi)
+
+
+def headline(verdict: str, rows: list[Row], read: dict[int, Interval], states: dict[int, str],
+             delta: float) -> str:
     """A few words with the effect: the overhead at the smallest N (or where it is real)."""
     first = rows[0]
     if verdict == SUPPORTED:
-        largest = max(r.cosine.ratio for r in rows) - 1
+        largest = max(read[r.n].mean for r in rows) - 1
         kind = "supported, small" if largest < SMALL else "supported"
-        return f"{kind}: {first.cosine.text()} at N={first.n}"
+        return f"{kind}: {band_text(read[first.n])} at N={first.n}"
     if verdict == REFUTED:
         return f"refuted: within ±{delta:.1%} at every N"
     if verdict == DEPENDS:
         real = [r for r in rows if states[r.n] == "real"]
         gone = [r.n for r in rows if states[r.n] == "absent"]
-        return (f"depends on N: {real[0].cosine.text()} at N={real[0].n}, within "
+        return (f"depends on N: {band_text(read[real[0].n])} at N={real[0].n}, within "
                 f"±{delta:.1%} at N={', '.join(map(str, gone))}")
-    return f"inconclusive: {first.cosine.text()} at N={first.n}, margin ±{delta:.1%}"
+    return f"inconclusive: {band_text(read[first.n])} at N={first.n}, margin ±{delta:.1%}"
 
 
 def scaling_text(rows: list[Row], fit: Fit | None) -> tuple[str, str, bool]:
@@ -257,12 +317,14 @@ def scaling_text(rows: list[Row], fit: Fit | None) -> tuple[str, str, bool]:
             f"should fall with N, but here it did not fall: {trend}{fit_s}.", trend, falls)
 
 
-def plain(verdict: str, rows: list[Row], states: dict[int, str], delta: float,
-          fit: Fit | None) -> list[str]:
+def plain(verdict: str, rows: list[Row], read: dict[int, Interval], states: dict[int, str],
+          delta: float, fit: Fit | None, cross: float | None) -> list[str]:
     """Two or three sentences on what the thread got right and wrong, from the numbers."""
     scaling, trend, falls = scaling_text(rows, fit)
+    if cross is not None and verdict != INCONCLUSIVE:
+        scaling += f" The fit falls below ±{delta:.1%} from N ≈ {cross:.3g}."
     if verdict == SUPPORTED:
-        largest = max(r.cosine.ratio for r in rows) - 1
+        largest = max(read[r.n].mean for r in rows) - 1
         size = f"small: at most {largest:+.1%}" if largest < SMALL else f"up to {largest:+.1%}"
         lead = "Overstated as a fixed cost: " if falls else "What it depends on: "
         return [f"Right: normalizing q and k costs extra work at every N measured ({size} of "
