@@ -129,6 +129,12 @@ def test_head_dim_figure_has_a_panel_per_init_unit_first(tmp_path, monkeypatch):
     axes = figs[0].axes
     assert [ax.get_title() for ax in axes] == [F.INIT_TITLES["unit"], F.INIT_TITLES["gpt2"]]
     assert [t.get_text() for t in axes[0].get_xticklabels()] == ["16", "64", "128", "256"]
+    # one series per panel, dot − scaled_dot at the d_k themselves (no trained absorbed arm)
+    assert [len(ax.containers) for ax in axes] == [1, 1]
+    assert list(axes[0].containers[0].lines[0].get_xdata()) == [16, 64, 128, 256]
+    legend = [t.get_text() for t in figs[0].legends[0].get_texts()]
+    assert legend[0].startswith("dot − scaled_dot") and len(legend) == 2
+    assert not any("absorbed" in t for t in legend)
     band = [p for p in axes[0].patches if p.get_y() == pytest.approx(-LOSS_DELTA)]
     assert band and band[0].get_height() == pytest.approx(2 * LOSS_DELTA)
     assert [problems for _, problems in saved] == [[]]

@@ -24,8 +24,10 @@ def entries(gap: float, gap_reading: str, c13: str, tau1: str = "greater",
          "numbers": {"gaps": {"16": comp(0.0, "equal"), "256": comp(gap, gap_reading)},
                      "slope": comp(0.09, "greater"),
                      "context": {"gpt2": {"256": comp(0.001, "equal")}}}},
-        {"id": "C7", "verdict": "inconclusive", "evidence": {},
-         "numbers": {"absorbed": {"256": comp(0.01, "inconclusive")}}},
+        {"id": "C7", "verdict": "depends", "evidence": {},
+         "numbers": {"dot": {"256": comp(gap, gap_reading)}, "partial": [],
+                     "identity": [{"d_k": 16, "max_loss_diff": 0.0},
+                                  {"d_k": 256, "max_loss_diff": 2e-9}]}},
         {"id": "C9", "verdict": "supported", "numbers": {},
          "evidence": {"max_weight_unscaled_64_512": 0.91, "max_weight_scaled_64_512": 0.012}},
         {"id": "Q1", "verdict": "depends", "evidence": {},
@@ -68,6 +70,7 @@ def test_the_answer_follows_the_data():
     assert "costs +0.330 nats" in real and "cost nothing we could measure" not in real
     assert "cost nothing we could measure" in none and "+0.330" not in none
     assert "0.91 of the weight" in real
+    assert "in float64 the two trained alike to 2e-09 nats (C7)" in real
     assert "QK-LayerNorm: matched scaled dot" in real and "with lower LR sensitivity" in real
     assert "soft-capping: trailed scaled dot" in real
     assert "max |logit| reached 900" in real and "QK-LayerNorm's 12" in real
@@ -92,6 +95,12 @@ def test_an_interval_past_delta_that_holm_leaves_undecided_is_called_so():
     q1["numbers"]["d_model=128 softcap loss"] = {**comp(-0.13, "inconclusive"), "smallest": 0.02}
     t = text(takeaways(es))
     assert "undecided after Holm's correction against scaled dot (-0.130 nats" in t
+
+
+def test_the_c7_sentence_needs_its_identity_check():
+    es = entries(0.33, "greater", "supported")
+    next(e for e in es if e["id"] == "C7")["numbers"]["identity"] = []
+    assert "(C7)" not in text(takeaways(es))
 
 
 def test_undecided_data_is_called_undecided():
@@ -121,7 +130,7 @@ def test_scale_caveat_names_model_steps_and_seeds():
     assert all(notes.values()) and len(notes) == 16
     assert "150 steps" in notes["C13"] and "6 seeds" in notes["C13"] and "width 16–256" in \
         notes["C13"]
-    assert "10 seeds" in notes["C4"] and "200 steps" in notes["C4"]
+    assert "6 seeds" in notes["C4"] and "200 steps" in notes["C4"]  # seed_counts["tau"]
     assert "× 7 LRs" in notes["C11"]
     quick = caveats(PRESETS["quick"])
     assert quick["C13"] != notes["C13"] and "40 steps" in quick["C13"]

@@ -263,7 +263,8 @@ def lr_sweep_arm(runs: list[Run], reference: Mapping[int, float]) -> dict[str, A
 
 def lr_text_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
     """C6, C11, C12, Q1: per width, each arm's LOO-chosen clipped loss per seed, its final row
-    logit spread there (largest over layers) and its LR sweep (:func:`lr_sweep_arm`, against the width's shared per-seed reference)."""
+    logit spread there (largest over layers) and its LR sweep (:func:`lr_sweep_arm`, against
+    the width's shared per-seed reference)."""
     sweep: dict[str, Any] = {}
     for cell in cells(study):
         mine = [r for r in runs if r["config"]["seed"] in study.seeds

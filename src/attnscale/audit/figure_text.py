@@ -102,10 +102,10 @@ def arms_alt(ev: Evidence, extra: str = "") -> str:
     return text + "." + (f" {extra}" if extra else "")
 
 
-def head_dim_alt(ev: Evidence, dot: Mapping[str, Any], absorbed: Mapping[str, Any],
-                 other: Mapping[str, Any], slope: Mapping[str, Any] | None = None) -> str:
-    """C7, C13: the unscaled gap at the largest and smallest d_k (unit init), the absorbed
-    arm there, the slope per doubling (C13) and the GPT-2-init gap."""
+def head_dim_alt(ev: Evidence, dot: Mapping[str, Any], other: Mapping[str, Any],
+                 slope: Mapping[str, Any] | None = None) -> str:
+    """C7, C13: the unscaled gap at the largest and smallest d_k (unit init), the slope per
+    doubling (C13) and the GPT-2-init gap."""
     big, small = str(ev["head_dims"][-1]), str(ev["head_dims"][0])
     g = dot.get(big, {})
     if not finite(g.get("mean")):
@@ -117,12 +117,8 @@ def head_dim_alt(ev: Evidence, dot: Mapping[str, Any], absorbed: Mapping[str, An
     if slope and finite(slope.get("mean")):
         text += f", a change of {interval(slope, 'nats', 3)} per doubling of d_k"
     text += "."
-    more = []
-    if finite(absorbed.get(big, {}).get("mean")):
-        more.append(f"rescaling q, k init and LR by d_k^(−1/4) leaves "
-                    f"{interval(absorbed[big], 'nats')}")
     if finite(other.get(big, {}).get("mean")):
-        more.append(f"with GPT-2 init the gap is {interval(other[big], 'nats')}")
-    return text + (f" At d_k = {big}, {'; '.join(more)}." if more else "")
+        text += f" At d_k = {big}, with GPT-2 init the gap is {interval(other[big], 'nats')}."
+    return text
 
 

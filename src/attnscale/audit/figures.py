@@ -47,7 +47,7 @@ INIT_TITLES = {"unit": "unit-variance q, k at init (Vaswani)", "gpt2": "GPT-2 in
 ARM_LABELS = {"cosine_tau1": "cosine\n" r"$\tau=1$", "cosine_tau2": "cosine\n" r"$\tau=2$",
               "cosine_tau4": "cosine\n" r"$\tau=4$", "cosine_tau10": "cosine\n" r"$\tau=10$",
               "cosine_learned": "cosine\n" r"learned $\tau$", "uniform": "uniform\n(control)",
-              "cue_none": "no cue\n(control)", "dot_absorbed": "dot\nabsorbed"}
+              "cue_none": "no cue\n(control)"}
 SQRT_DK = r"$1/\sqrt{d_k}$"
 
 
@@ -163,15 +163,13 @@ def fig_arms(ev: Evidence, folder: Path, name: str, title: str, extra: str = "")
 
 
 def fig_head_dim(ev: Evidence, folder: Path, alt: str, name: str) -> Figure:
-    """C7, C13: dot − scaled and absorbed − scaled clipped loss against d_k, one panel per
-    init regime, mean and 95% CI (Holm within the regime), over the ±δ band."""
+    """C7, C13: dot − scaled clipped loss against d_k, one panel per init regime, mean and
+    95% CI (Holm within the regime), over the ±δ band."""
     inits = sorted(ev["inits"], key=lambda i: i != "unit")
     typed = HeadDim.model_validate({k: ev[k] for k in HeadDim.model_fields})
     fig, axes = plt.subplots(1, len(inits), figsize=(4.3 * len(inits) + 0.6, 3.9), sharey=True,
                              squeeze=False)
-    arms = (("dot", "-", "o", 0.93, "C3", rf"dot − scaled_dot (no {SQRT_DK})"),
-            ("dot_absorbed", ":", "s", 1.07, "C0",
-             r"dot_absorbed − scaled_dot (q, k init and LR $\times d_k^{-1/4}$)"))
+    arms = (("dot", "-", "o", 1.0, "C3", rf"dot − scaled_dot (no {SQRT_DK})"),)
     for ax, init in zip(axes[0], inits, strict=True):
         for arm, ls, marker, shift, color, _ in arms:
             c = {d: x.model_dump() for d, x in gaps(typed, init, arm).items()}

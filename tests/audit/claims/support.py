@@ -87,20 +87,18 @@ def around(mean: float, spread: float = 0.01, n: int = 6, seed: int = 0) -> dict
     return {"values": {str(i): float(v) for i, v in enumerate(xs)}, "censored": False}
 
 
-def head_dim(draw: Draw, gap: float | Callable[[int], float], absorbed: float = 0.0,
-             noise: float = 0.002, gpt2_gap: float = 0.0, dks: Sequence[int] = DKS
-             ) -> dict[str, Any]:
-    """Head-dimension evidence: dot − scaled_dot = gap(d_k) in the unit regime (``gap`` a
-    number or a function of d_k), ``gpt2_gap`` in the GPT-2 one; dot_absorbed − scaled_dot =
-    ``absorbed``; C7's identity check held at every d_k."""
+def head_dim(draw: Draw, gap: float | Callable[[int], float], noise: float = 0.002,
+             gpt2_gap: float = 0.0, dks: Sequence[int] = DKS) -> dict[str, Any]:
+    """Head-dimension evidence (the study's arms scaled_dot and dot): dot − scaled_dot =
+    gap(d_k) in the unit regime (``gap`` a number or a function of d_k), ``gpt2_gap`` in the
+    GPT-2 one; C7's identity check held at every d_k."""
     gap_at = gap if callable(gap) else (lambda d: gap)
     loss = {}
     for init in ("gpt2", "unit"):
         for d in dks:
             g = gap_at(d) if init == "unit" else gpt2_gap
             loss[cell(init, d)] = {"scaled_dot": draw.arm(2.0, noise),
-                                   "dot": draw.arm(2.0 + g, noise),
-                                   "dot_absorbed": draw.arm(2.0 + absorbed, noise)}
+                                   "dot": draw.arm(2.0 + g, noise)}
     entropy = {k: {"dot": draw.arm(0.5, 0.01), "scaled_dot": draw.arm(0.9, 0.01)}
                for k in loss}
     run = {"steps": 20, "factor": 0.5, "max_weight_rel_diff": 0.0, "clipped_steps": 5}

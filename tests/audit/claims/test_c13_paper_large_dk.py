@@ -115,9 +115,12 @@ def test_c13_evidence_missing_a_field_is_named():
 def test_c13_draws_its_figure(tmp_path, monkeypatch):
     saved = layouts(monkeypatch)
     from attnscale.util.jsonio import jsonable
-    ev = M.CLAIM.read(head_dim(Draw(4), growing))
+    ev = M.CLAIM.read(head_dim(Draw(4), growing, gpt2_gap=0.3))
     figs = M.draw(ev.model_dump(), jsonable(M.judge(ev).numbers), tmp_path)
     assert figs[0]["path"].endswith("c13_head_dim.png") and "per doubling" in figs[0]["alt"]
+    # the GPT-2 regime's gap closes the caption; no absorbed arm is described
+    assert "At d_k = 256, with GPT-2 init the gap is +0.3" in figs[0]["alt"]
+    assert "absorb" not in figs[0]["alt"] and "d_k^(−1/4)" not in figs[0]["alt"]
     assert_print_quality(figs[0])
     assert [problems for _, problems in saved] == [[]]
 

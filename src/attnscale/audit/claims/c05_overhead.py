@@ -15,8 +15,9 @@ alone: at each N measured, the fitted overhead with its 95% band (normal, from t
 covariance, widened by the Birge ratio √(χ²/dof) when the points scatter more than their
 errors say). The fit pools every N, so one noisy repeat series cannot flip the verdict; the
 standard preset stops each measurement at a half-width of 1%, half the smallest δ (a target
-equal to δ let a true 1–1.5% overhead read absent in one run and undecided in the next). Where the fitted
-overhead crosses δ, N* = b/(δ − a) says from which length on it is below what counts.
+equal to δ let a true 1–1.5% overhead read absent in one run and undecided in the next).
+Where the fitted overhead crosses δ, N* = b/(δ − a) says from which length on it is below what
+counts.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def judge(ev: HeadDim) -> Verdict:
 def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> list[Figure]:
     """The head-dimension figure, captioned with the gap, its slope and the GPT-2 regime."""
     other = numbers["context"].get("gpt2", {})
-    alt = T.head_dim_alt(ev, numbers["gaps"], {}, other, numbers["slope"])
+    alt = T.head_dim_alt(ev, numbers["gaps"], other, numbers["slope"])
     return [fig_head_dim(ev, folder, alt, "c13_head_dim")]
 
 

@@ -1,0 +1,30 @@
+"""The presets' seeds: task studies report as many of the task seeds as their claims need,
+never fewer than three, and a seed offset keeps every study's seeds disjoint from another
+offset's."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from attnscale.audit.studies import PRESETS, SEED_STRIDE, studies, with_seed_offset
+
+
+def test_standard_gives_the_task_studies_their_own_seed_counts():
+    p = PRESETS["standard"]
+    plan = studies(p)
+    assert plan["salience"].seeds == tuple(range(5)) and plan["tau"].seeds == tuple(range(6))
+    assert plan["length"].seeds == p.task_seeds == tuple(range(10))
+    assert plan["lr_text"].seeds == plan["head_dim"].seeds == p.seeds
+
+
+def test_seed_counts_follow_a_seed_offset():
+    shifted = studies(with_seed_offset(PRESETS["standard"], 2))
+    assert shifted["salience"].seeds == tuple(2 * SEED_STRIDE + s for s in range(5))
+    assert not set(shifted["tau"].seeds) & set(studies(PRESETS["standard"])["tau"].seeds)
+
+
+def test_fewer_than_three_seeds_is_refused_by_name():
+    with pytest.raises(ValueError, match="seed_counts"):
+        replace(PRESETS["standard"], seed_counts={"tau": 2})
