@@ -66,8 +66,8 @@ class StudyRunner:
             self.pool.close()
             self.pool = None
 
-    def sweep(self, spec: SweepSpec, label: str) -> Any:
-        """Run (or resume) one sweep."""
+    def sweep(self, spec: SweepSpec | list[SweepSpec], label: str) -> Any:
+        """Run (or resume) one sweep, or several grids of one study as one batch."""
         report = (lambda c: self.progress(label, c)) if self.progress else None
         return run_sweep(spec, self.db, workers=self.workers, executor=self.executor,
                          address=self.address, source=f"report:{label}", progress=report,
@@ -84,12 +84,13 @@ class StudyRunner:
             extra = self.extensions(study, tuning)
             if not extra:
                 break
-            for (cell, arm), lr in extra.items():
-                self.sweep(grid_spec(study, study.tune_seeds, (lr,), cell, (arm,)),
-                           f"{study.name} (extending)")
+            # every (cell, arm) of one round in one batch: a worker never waits on a single run
+            self.sweep([grid_spec(study, study.tune_seeds, (lr,), cell, (arm,))
+                        for (cell, arm), lr in extra.items()], f"{study.name} (extending)")
             tuning = self.tuning(study)
-        for (cell, arm), (lr, _, _) in tuning.items():
-            self.sweep(grid_spec(study, study.seeds, (lr,), cell, (arm,)), study.name)
+        if tuning:
+            self.sweep([grid_spec(study, study.seeds, (lr,), cell, (arm,))
+                        for (cell, arm), (lr, _, _) in tuning.items()], study.name)
 
     def tuning(self, study: Study) -> dict[tuple[Cell, str], tuple[float, bool, dict]]:
         """(cell, arm) -> :func:`attnscale.audit.selection.tuned_choice` on the tuning runs."""

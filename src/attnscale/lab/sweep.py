@@ -302,7 +302,7 @@ def plan(store: Store, points: Sequence[Point], sweep: str | None, retry_failed:
 
 
 def run_sweep(
-    spec: SweepSpec,
+    spec: SweepSpec | Sequence[SweepSpec],
     db: str | Path,
     *,
     workers: int = 1,
@@ -315,24 +315,44 @@ def run_sweep(
 ) -> Counts:
     """Run every grid point of ``spec`` not yet finished in ``db``; return the counts.
 
+    ``spec`` may be several grids of one sweep name (say, each arm at its own chosen LR): their
+    points run as one batch, so no worker waits at the end of one grid for the next to start.
+    Jobs start longest first (:func:`cost_hint`), so the batch's tail is short runs.
     ``progress(counts)`` is called once before the first run and after every run. ``pool``, an
     executor shared by several sweeps (:class:`attnscale.lab.executors.Kept`), replaces the one
     ``executor``, ``workers`` and ``address`` would make.
     """
-    points = expand(spec, source)
+    specs = [spec] if isinstance(spec, SweepSpec) else list(spec)
+    names = sorted({s.name for s in specs})
+    if len(names) != 1:
+        raise ValueError(f"spec: give one sweep, or grids of one sweep name; got names {names}")
+    points = list({p.id: p for s in specs for p in expand(s, source)}.values())
     pool = pool if pool is not None else make_executor(executor, workers, address)
     with Store(db) as store:
-        todo, counts = plan(store, points, spec.name, retry_failed)
+        todo, counts = plan(store, points, names[0], retry_failed)
         if progress:
             progress(counts)
         if not todo:
             return counts
+        todo.sort(key=lambda job: -cost_hint(job.config))  # stable: grid order among equals
         with pool:
             for outcome in pool.run(todo, store.mark_running):
                 record_outcome(store, outcome, counts)
                 if progress:
                     progress(counts)
     return counts
+
+
+def cost_hint(config: dict[str, Any]) -> float:
+    """A run's relative cost for longest-first scheduling: steps · batch · tokens · layers ·
+    (d_model² + seq_len · d_model), the matmul and attention work of a step up to constants.
+    Only the order of jobs uses it (Graham 1969's LPT rule), never a result."""
+    def get(key: str, default: float) -> float:
+        value = config.get(key)
+        return float(value) if isinstance(value, int | float) else default
+    d, n = get("d_model", 1.0), get("seq_len", 1.0)
+    return (get("steps", 1.0) * get("batch_size", 1.0) * n * get("n_layers", 1.0)
+            * (d * d + n * d))
 
 
 def record_outcome(store: Store, outcome: Outcome, counts: Counts) -> None:
