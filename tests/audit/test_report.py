@@ -17,10 +17,18 @@ import pytest
 
 from attnscale.audit import render
 from attnscale.audit import report as R
-from attnscale.audit.claim import Claim, Measurement, all_claims, registered
+from attnscale.audit.claim import (
+    Claim,
+    Measurement,
+    Training,
+    all_claims,
+    registered,
+    training_plan,
+)
 from attnscale.audit.evidence import Model
 from attnscale.audit.measurements import measurement_key
 from attnscale.audit.schema import base_schema, report_schema
+from attnscale.audit.studies import PRESETS, TEXT, Study, schedule
 from attnscale.audit.theory_plots import save
 from attnscale.audit.verdicts import REFUTED, SUPPORTED, Verdict
 from attnscale.lab.store import Store
@@ -248,6 +256,7 @@ def test_the_docs_schema_is_the_registry_independent_part():
 
 class ToyEvidence(Model):
     total: int
+    runs: int
 
 
 def toy_judge(ev: ToyEvidence) -> Verdict:
@@ -262,15 +271,26 @@ def toy_draw(ev, numbers, folder):
     return [save(fig, folder, "c99_toy", f"The toy bar is {numbers['total']} high.")]
 
 
+def toy_study(p) -> Study:
+    """The toy claim's own training study: scaled_dot, one LR, two steps, the preset's seeds."""
+    return Study("toy_study", {**TEXT, **schedule(2), "d_model": 16, "n_heads": 1},
+                 ("scaled_dot",), (1e-2,), p.seeds)
+
+
+def toy_gather(src):
+    return {**src.measured["toy_total"], "runs": len(src.runs["toy_study"])}
+
+
 TOY = Claim("C99", "A toy claim: 2 + 2 = 4.", "one addition", "supported if 2 + 2 = 4",
-            ToyEvidence, lambda src: src.measured["toy_total"], toy_judge, draw=toy_draw,
+            ToyEvidence, toy_gather, toy_judge, draw=toy_draw,
             measurements=(Measurement("toy_total", lambda p: {}, lambda p: {"total": 2 + 2}),),
-            scale=lambda p: "one addition")
+            trains=(Training("toy_study", toy_study),), scale=lambda p: "one addition")
 
 
 def test_a_registered_toy_claim_appears_everywhere(tiny):
-    """One Claim registered (its module, in real use) reaches the measurements, report.json,
-    its schema, the figures, the page and the scale line, with no other edit."""
+    """One Claim registered (its module, in real use) reaches the measurements, its own
+    training study, report.json, its schema, the figures, the page and the scale line, with no
+    other edit."""
     out, _, _ = tiny
     with registered(TOY):
         result = R.build_report("tiny", out=out, workers=2)
@@ -278,7 +298,7 @@ def test_a_registered_toy_claim_appears_everywhere(tiny):
     toy = [c for c in result["claims"] if c["id"] == "C99"]
     assert len(toy) == 1 and result["claims"][-1]["id"] == "C99"
     toy = toy[0]
-    assert toy["verdict"] == SUPPORTED and toy["evidence"] == {"total": 4}
+    assert toy["verdict"] == SUPPORTED and toy["evidence"] == {"total": 4, "runs": 3}
     assert toy["scale"] == "one addition" and toy["figures"][0]["alt"] == "The toy bar is 4 high."
     jsonschema.validate(json.loads((out / "report.json").read_text()), schema)
     with pytest.raises(jsonschema.ValidationError):  # without the toy, the schema says no
@@ -288,4 +308,23 @@ def test_a_registered_toy_claim_appears_everywhere(tiny):
     with Store(out / "results.db") as store:
         assert store.get_measurement(measurement_key(
             "toy_total", {"attnscale": versions().get("attnscale")})) == {"total": 4}
+        assert len(store.runs(where={"sweep": "toy_study"})) == 3
     assert "C99" not in [c.id for c in all_claims()]  # the with block unregistered it
+
+
+def test_a_claims_own_training_study_joins_the_plan_and_a_clash_is_refused():
+    p = PRESETS["tiny"]
+    with registered(TOY):
+        plan = training_plan(p)
+        assert plan["toy_study"] == toy_study(p) and "lr_text" in plan
+        assert TOY.studies == ("toy_study",)  # it reads what it trains
+        clash = Claim("C98", "x", "x", "x", ToyEvidence, toy_gather, toy_judge,
+                      trains=(Training("toy_study", lambda q: Study(
+                          "toy_study", {**TEXT, "d_model": 32}, ("dot",), (1e-2,), q.seeds)),))
+        with registered(clash), pytest.raises(ValueError, match="study 'toy_study' differs"):
+            training_plan(p)
+        misnamed = Claim("C97", "x", "x", "x", ToyEvidence, toy_gather, toy_judge,
+                         trains=(Training("named", toy_study),))
+        with registered(misnamed), pytest.raises(ValueError, match="built a study named"):
+            training_plan(p)
+    assert "toy_study" not in training_plan(p)

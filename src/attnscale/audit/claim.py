@@ -1,8 +1,9 @@
 """What a claim is, and the registry that is the one place the report learns about claims.
 
 A claim (or a question beyond the thread) is one module under :mod:`attnscale.audit.claims`
-holding one :class:`Claim`: its statement, what it measures (its training studies and its own
-measurements), how its evidence is read (``gather`` into a typed model), its rule and smallest
+holding one :class:`Claim`: its statement, what it measures (the shared training studies of
+:mod:`attnscale.audit.studies` it reads, a training study of its own (:class:`Training`) and its
+own measurements), how its evidence is read (``gather`` into a typed model), its rule and smallest
 effect (``judge``), its sentences (built inside the rule from the same reading as its verdict)
 and its figures (``draw``). The module ends with ``register(Claim(...))``, as a score does in
 :mod:`attnscale.core.scores`; the report, the page, report.json and its schema
@@ -22,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from attnscale.audit.studies import Preset, Study
+from attnscale.audit.studies import Preset, Study, studies
 from attnscale.audit.verdicts import MissingEvidence, Verdict
 
 Figure = dict[str, str]  # {"path": PNG file, "alt": one or two sentences with its finding}
@@ -37,6 +38,17 @@ class Measurement:
     kind: str
     params: Callable[[Preset], dict[str, Any]]
     compute: Callable[[Preset], Any]
+
+
+@dataclass(frozen=True)
+class Training:
+    """A training study a claim declares itself: ``build(preset)`` returns it (its name must be
+    ``name``). The report trains it beside the shared studies of
+    :func:`attnscale.audit.studies.studies`; claims that declare the same name must declare the
+    same study."""
+
+    name: str
+    build: Callable[[Preset], Study]
 
 
 @dataclass
@@ -70,8 +82,9 @@ class Claim:
     ``evidence`` is the pydantic model its rule reads; ``gather(sources)`` builds it (or the
     dict it validates from); ``judge(evidence)`` returns the :class:`Verdict` with its rule,
     numbers and sentences; ``draw(evidence_dict, numbers, folder)`` its figures, from the same
-    plain numbers report.json stores; ``studies`` and ``measurements`` say what it measures
-    (a study with a missing run makes the claim an error, never a verdict); ``scale(preset)``
+    plain numbers report.json stores; ``studies`` (shared studies by name), ``trains`` (studies
+    of its own) and ``measurements`` say what it measures (a study with a missing run makes the
+    claim an error, never a verdict); ``scale(preset)``
     the one-line scale caveat (default: its studies' sizes); ``answers`` how a question's
     verdicts read as an answer on the page."""
 
@@ -85,12 +98,15 @@ class Claim:
     draw: Callable[[Mapping[str, Any], Mapping[str, Any], Path], list[Figure]] = _no_figures
     studies: tuple[str, ...] = ()
     measurements: tuple[Measurement, ...] = ()
+    trains: tuple[Training, ...] = ()
     scale: Callable[[Preset], str] | None = None
     answers: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not (self.id[:1] in "CQ" and self.id[1:].isdigit()):
             raise ValueError(f"claim id must be C<k> or Q<k>, got {self.id!r}")
+        own = tuple(t.name for t in self.trains if t.name not in self.studies)
+        object.__setattr__(self, "studies", self.studies + own)  # what it reads, all of it
 
     @property
     def question(self) -> bool:
@@ -168,3 +184,24 @@ def get_claim(claim_id: str) -> Claim:
     if claim_id not in REGISTRY:
         raise KeyError(f"no registered claim {claim_id!r}; registered: {sorted(REGISTRY)}")
     return REGISTRY[claim_id]
+
+
+def training_plan(p: Preset) -> dict[str, Study]:
+    """Every training study of preset ``p``: the shared ones of
+    :func:`attnscale.audit.studies.studies`, then those registered claims declare
+    (:class:`Training`). A declared study whose built name differs from its ``name``, or that
+    differs from another of the same name, raises ValueError naming it."""
+    plan = studies(p)
+    declared: dict[str, Study] = {}
+    for claim in all_claims():
+        for t in claim.trains:
+            study = t.build(p)
+            if study.name != t.name:
+                raise ValueError(f"{claim.id}: training {t.name!r} built a study named "
+                                 f"{study.name!r}")
+            known = declared.get(t.name, plan.get(t.name))
+            if known is not None and known != study:
+                raise ValueError(f"{claim.id}: training study {t.name!r} differs from the one "
+                                 "of the same name already planned")
+            declared[t.name] = study
+    return {**plan, **declared}

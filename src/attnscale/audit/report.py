@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.audit import explorer, figures, scale
-from attnscale.audit.claim import Sources
+from attnscale.audit.claim import Sources, training_plan
 from attnscale.audit.measurements import cached, measure_all
 from attnscale.audit.render import errors, judge_all, render_html
 from attnscale.audit.running import StudyRunner, study_runs
-from attnscale.audit.studies import PRESETS, Preset, Study, studies, with_seed_offset
+from attnscale.audit.studies import PRESETS, Preset, Study, with_seed_offset
 from attnscale.audit.takeaways import answer, takeaways
 from attnscale.audit.verdicts import ERROR
 from attnscale.lab.executors import EXECUTORS
@@ -91,7 +91,7 @@ def build_report(
         measured = measure_all(p, store, say)
         n_before = sum(store.counts().values())
     say("training studies")
-    plan = studies(p)
+    plan = training_plan(p)
     runs = run_studies(plan, db, executor, workers, address, progress)
     say("judging")
     with Store(db) as store:

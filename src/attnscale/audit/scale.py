@@ -7,8 +7,8 @@ with the preset: model size (layers, width, heads), steps, reported seeds and tu
 
 from __future__ import annotations
 
-from attnscale.audit.claim import Claim
-from attnscale.audit.studies import Preset, Study, studies
+from attnscale.audit.claim import Claim, training_plan
+from attnscale.audit.studies import Preset, Study
 
 # Report presets whose verdicts are a smoke test of the pipeline, not evidence.
 SMOKE_PRESETS = ("tiny", "quick")
@@ -46,5 +46,5 @@ def claim_scale(claim: Claim, p: Preset, plan: dict[str, Study] | None = None) -
     the studies it reads (``plan``: the preset's studies, built when not given)."""
     if claim.scale is not None:
         return claim.scale(p)
-    plan = plan if plan is not None else studies(p)
+    plan = plan if plan is not None else training_plan(p)
     return "; ".join(f"{name}: {study_scale(plan[name])}" for name in claim.studies)
