@@ -8,8 +8,9 @@ the text LR study's setup (``attnscale.audit.studies.TEXT``, 150 steps, widths 3
 scaled_dot, dot and qk_layernorm at one LR (1e-2, the middle of the grid) on ``--seeds`` seeds,
 with an eval every 10 steps, and reads each run two ways:
 
-* ``final``: the eval loss at the last step (what the report reads);
-* ``tail``: the mean eval loss over the last fifth of training (steps ≥ 120, 4 evals).
+* ``final``: the run's final eval loss, after its last step (what the report reads);
+* ``tail``: the mean of the evals over the last fifth of training (steps 120, 130, 140) and
+  the final one.
 
 For each width and arm it prints the standard deviation over seeds of d_s under each reading,
 their ratio tail/final with a 95% interval (bootstrap over seeds, ``scipy.stats.bootstrap``),
@@ -45,10 +46,10 @@ def one(job: tuple[int, str, int]) -> dict[str, Any]:
     cfg = TrainConfig(**{**TEXT, **schedule(STEPS), "n_heads": 2, "d_model": width,
                          **VARIANTS[arm], "lr": LR, "seed": seed, "eval_every": EVAL_EVERY})
     result = run(cfg).to_dict()
-    evals = [(r["step"], r["eval_loss"]) for r in result["history"]
-             if r.get("eval_loss") is not None]
-    tail = [loss for step, loss in evals if step >= TAIL_FROM]
-    return {"width": width, "arm": arm, "seed": seed, "final": evals[-1][1],
+    evals = [r["eval_loss"] for r in result["history"]
+             if r.get("eval_loss") is not None and TAIL_FROM <= r["step"] < STEPS - 1]
+    tail = [*evals, result["final_loss"]]
+    return {"width": width, "arm": arm, "seed": seed, "final": result["final_loss"],
             "tail": float(np.mean(tail)), "evals": len(tail)}
 
 

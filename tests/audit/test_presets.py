@@ -25,6 +25,10 @@ def test_seed_counts_follow_a_seed_offset():
     assert not set(shifted["tau"].seeds) & set(studies(PRESETS["standard"])["tau"].seeds)
 
 
-def test_fewer_than_three_seeds_is_refused_by_name():
-    with pytest.raises(ValueError, match="seed_counts"):
+def test_seed_counts_out_of_range_or_unknown_are_refused_by_name():
+    with pytest.raises(ValueError, match="seed_counts must be 3 to 10"):
         replace(PRESETS["standard"], seed_counts={"tau": 2})
+    with pytest.raises(ValueError, match="seed_counts must be 3 to 10"):
+        replace(PRESETS["standard"], seed_counts={"tau": 11})
+    with pytest.raises(ValueError, match=r"seed_counts names \['taus'\]"):
+        replace(PRESETS["standard"], seed_counts={"taus": 5})

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from attnscale.audit.interval import Interval
 from attnscale.audit.selection import arm_values, cell_label, cells, clipped, in_cell
 from attnscale.audit.studies import VARIANTS, Study
+from attnscale.audit.verdicts import MissingEvidence
 from attnscale.lab import analysis
 from attnscale.lab.build import build_task
 from attnscale.lab.config import TrainConfig
@@ -61,13 +62,11 @@ ArmTable = dict[str, dict[str, Arm]]  # cell label -> arm -> its per-seed values
 
 class HeadDim(Model):
     """The head-dimension study (:func:`head_dim_evidence`): per (init, d_k) cell and arm the
-    clipped loss, layer-1 entropy at init and at the end, the step-0 row logit spread and the
-    final saturated-row fraction."""
+    clipped loss, layer-1 entropy at init and at the end and the final saturated-row fraction."""
 
     loss: ArmTable
     entropy_init: ArmTable
     entropy_end: ArmTable
-    row_std_init: ArmTable
     saturated_end: ArmTable
     inits: list[str]
     head_dims: list[int]
@@ -94,11 +93,9 @@ class SweepArm(Model):
 
 
 class LRText(Model):
-    """The text LR study (:func:`lr_text_evidence`): LOO-chosen losses, the final row logit
-    spread at the chosen LR (largest over layers), and the LR sweeps."""
+    """The text LR study (:func:`lr_text_evidence`): LOO-chosen losses and the LR sweeps."""
 
     loss: ArmTable
-    row_std_end: ArmTable = {}  # C12's (it reads it as its own field)
     sweep: dict[str, dict[str, SweepArm]]
     lrs: list[float]
     n: int
@@ -158,15 +155,21 @@ def layer_stat(run: Run, name: str, row: int, layer: int = 0) -> float | None:
     return float(v) if v is not None else None
 
 
-def worst_layer(run: Run, name: str, row: int) -> float | None:
-    """The largest over layers of statistic ``name`` in history row ``row``: +inf for a run
-    that diverged with a layer missing it (a blown-up layer is not a small one), None for any
-    other run missing it."""
-    layers = (run.get("history") or [{}])[row].get("layers") or []
-    values = [layer.get(name) for layer in layers]
-    if values and all(v is not None for v in values):
-        return float(max(values))
-    return math.inf if run.get("status") == "diverged" else None
+def spread_stat(run: Run, name: str, row: int, layer: int | None = None) -> float:
+    """A row-spread statistic (``row_logit_std``, ``row_freeze_ratio``) of history row ``row``:
+    of attention layer ``layer``, or the largest over layers (None). +inf where the run
+    diverged (at the last row) or logged None (a layer that blew up is not a small one);
+    :class:`MissingEvidence` naming the run when it logged no such statistic (a run stored
+    before the statistic was logged: train again into a new results database)."""
+    if row == -1 and run.get("status") == "diverged":
+        return math.inf
+    history = run.get("history") or []
+    layers = (history[row].get("layers") or []) if history else []
+    if not layers or any(name not in layer_row for layer_row in layers):
+        raise MissingEvidence(f"run {run.get('id')} logged no {name!r} (stored before it was "
+                              "logged: train again into a new results database)")
+    values = [x[name] for x in (layers if layer is None else [layers[layer]])]
+    return math.inf if any(v is None for v in values) else float(max(values))
 
 
 def arms_table(study: Study, runs: list[Run],
@@ -184,13 +187,12 @@ def arms_table(study: Study, runs: list[Run],
 
 def head_dim_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
     """C7, C13: clipped loss per (init, d_k) cell and arm; layer-1 entropy at init and at the
-    end; the step-0 row logit spread (C12) and the final saturated-row fraction (C10)."""
+    end; the final saturated-row fraction (C10)."""
     def stat(name: str, row: int) -> Callable[[Run], float | None]:
         return lambda r: layer_stat(r, name, row)
     return {"loss": arms_table(study, runs),
             "entropy_init": arms_table(study, runs, stat("entropy_normalized", 0)),
             "entropy_end": arms_table(study, runs, stat("entropy_normalized", -1)),
-            "row_std_init": arms_table(study, runs, stat("row_logit_std", 0)),
             "saturated_end": arms_table(study, runs, stat("saturated_fraction", -1)),
             "inits": list(study.cells.get("init", ())),
             "head_dims": list(study.cells.get("d_model", ())), "seeds": list(study.seeds)}
@@ -262,9 +264,8 @@ def lr_sweep_arm(runs: list[Run], reference: Mapping[int, float]) -> dict[str, A
 
 
 def lr_text_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
-    """C6, C11, C12, Q1: per width, each arm's LOO-chosen clipped loss per seed, its final row
-    logit spread there (largest over layers) and its LR sweep (:func:`lr_sweep_arm`, against
-    the width's shared per-seed reference)."""
+    """C6, C11, C12, Q1: per width, each arm's LOO-chosen clipped loss per seed and its LR
+    sweep (:func:`lr_sweep_arm`, against the width's shared per-seed reference)."""
     sweep: dict[str, Any] = {}
     for cell in cells(study):
         mine = [r for r in runs if r["config"]["seed"] in study.seeds
@@ -278,9 +279,7 @@ def lr_text_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
         sweep[cell_label(cell)] = {
             arm: lr_sweep_arm([r for r in mine if r.get("variant") == arm], reference)
             for arm in study.arms if any(r.get("variant") == arm for r in mine)}
-    return {"loss": arms_table(study, runs),
-            "row_std_end": arms_table(study, runs, lambda r: worst_layer(r, "row_logit_std", -1)),
-            "sweep": sweep, "lrs": list(study.lrs),
+    return {"loss": arms_table(study, runs), "sweep": sweep, "lrs": list(study.lrs),
             "n": study.base["seq_len"], "logit_limit": LOGIT_LIMIT, "loss_margin": LOSS_MARGIN}
 
 
@@ -320,14 +319,13 @@ def length_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
             "lengths": keys, "chance": chance(study)}
 
 
-def init_row_std(head_dim: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
-    """C12: init regime -> d_k -> seed -> scaled_dot's step-0 row logit spread (layer 1)."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for label, row in head_dim["row_std_init"].items():
-        fields = dict(part.split("=") for part in label.split())
-        arm = row.get("scaled_dot")
-        out.setdefault(fields["init"], {})[fields["d_model"]] = dict(arm["values"]) if arm else {}
-    return out
+def row_spread_evidence(study: Study, runs: list[Run], row: int, name: str,
+                        layer: int | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    """C12: cell label -> scaled_dot's :func:`spread_stat` per seed at its chosen LR (an
+    :class:`Arm` as a dict: values, LRs, censoring)."""
+    table = arms_table(study, [r for r in runs if r.get("variant") == "scaled_dot"],
+                       lambda r: spread_stat(r, name, row, layer))
+    return {label: arms["scaled_dot"] for label, arms in table.items() if "scaled_dot" in arms}
 
 
 def trained_saturation(head_dim: dict[str, Any]) -> dict[str, Any] | None:

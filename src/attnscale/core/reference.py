@@ -1,5 +1,6 @@
 """The float64 ground truth: every logit built from the score's plain formula, then softmax;
-and those logits themselves (:func:`attention_logits`), for statistics of a row's scores."""
+and those logits themselves, in the inputs' dtype (:func:`attention_logits`), for statistics of
+a row's scores."""
 
 from __future__ import annotations
 
@@ -61,19 +62,24 @@ def attention_logits(
     enable_gqa: bool = False,
     *,
     score: str | Score = "scaled_dot",
+    with_keep: bool = False,
     **score_params: Any,
-) -> Tensor:
+) -> Tensor | tuple[Tensor, Tensor]:
     """The pre-softmax logits (…, H, Nq, Nk) that :func:`reference_attention` softmaxes, in the
     query's dtype: the score's plain formula, a float mask added, −inf where a key is hidden
-    (by a bool mask or ``is_causal``). Arguments as in :func:`attnscale.attention` (no value)."""
+    (by a bool mask or ``is_causal``). Arguments as in :func:`attnscale.attention` (no value).
+    ``with_keep``: also return which keys each query sees, a bool tensor of the logits' shape,
+    so that a visible logit that overflowed to −inf is not taken for a hidden key."""
     sc = get_score(score)
     params = resolve_params(sc, score_params, scale)
     x = check_inputs(query, key, key, attn_mask, 0.0, is_causal, enable_gqa)
     if x.key_group > 1:
         params = expand_key_head_params(params, x.key_group)
     mask = normalize_mask(x.mask, query.dtype)
-    logits, _ = masked_logits(sc, params, x.q, x.k, mask, is_causal, scale,
-                              x.k.shape[1] != x.q.shape[1])
+    logits, keep = masked_logits(sc, params, x.q, x.k, mask, is_causal, scale,
+                                 x.k.shape[1] != x.q.shape[1])
+    if with_keep:
+        return x.restore(logits), x.restore(keep.expand_as(logits))
     return x.restore(logits)
 
 

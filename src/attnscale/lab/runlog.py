@@ -3,7 +3,7 @@
 * Attention statistics (:func:`attention_rows`): for each ``MultiheadSelfAttention`` layer, the
   means of :data:`LAYER_STATS` from :class:`attnscale.measure.monitor.Monitor` (the pre-softmax
   scores after scaling and masking, and their softmax pattern), the RMS √mean(x²) of q and k,
-  the typical row's logit spread (:func:`row_logit_std`), and
+  the typical row's logit spread (:func:`row_spread`), and
   the mean of each learned scalar or per-head score parameter, from one extra no-grad forward of
   the first ``stats_batch`` sequences of the current batch (:func:`head`).
 * TensorBoard (``run(..., tensorboard=DIR)``, ``attnscale train --tensorboard DIR``): each history
@@ -30,7 +30,7 @@ from attnscale.lab.tasks import Batch
 from attnscale.measure.monitor import Monitor
 
 __all__ = ["LAYER_STATS", "TENSORBOARD_EXTRA", "attention_rows", "head", "layer_row",
-           "open_tensorboard", "rms", "row_logit_std", "tensorboard_available", "write_row"]
+           "open_tensorboard", "rms", "row_spread", "tensorboard_available", "write_row"]
 
 TENSORBOARD_EXTRA = "hf"  # the pyproject.toml optional-dependency group with tensorboard
 LAYER_STATS = ("max_abs_logit", "logit_std", "entropy", "entropy_normalized", "max_weight",
@@ -51,18 +51,19 @@ def attention_rows(model: nn.Module, batch: Batch) -> list[dict[str, float | Non
     """Per-layer attention statistics of ``batch`` from one no-grad forward.
 
     The statistics come from :class:`attnscale.measure.monitor.Monitor`; the q/k RMS and the
-    row logit spread (:func:`row_logit_std`) from each :class:`MultiheadSelfAttention`'s
+    row logit spread (:func:`row_spread`) from each :class:`MultiheadSelfAttention`'s
     ``capture`` hook, which the monitor chains to.
     """
     modules = {n: m for n, m in model.named_modules() if isinstance(m, MultiheadSelfAttention)}
     if not modules:
         return []
-    qk: dict[str, tuple[float, float, float]] = {}
+    qk: dict[str, tuple[float, float, tuple[float, float]]] = {}
     names = {id(m): n for n, m in modules.items()}
     previous = {n: m.capture for n, m in modules.items()}
     for m in modules.values():
         m.capture = lambda mod, q, k, call: qk.__setitem__(
-            names[id(mod)], (rms(q), rms(k), row_logit_std(attention_logits(q, k, **call))))
+            names[id(mod)],
+            (rms(q), rms(k), row_spread(*attention_logits(q, k, with_keep=True, **call))))
     was_training = model.training
     model.eval()
     try:
@@ -82,14 +83,15 @@ def head(batch: Batch, n: int) -> Batch:
     return Batch(batch.tokens[:n], batch.targets[:n], scale)
 
 
-def layer_row(module: MultiheadSelfAttention, q_rms: float, k_rms: float, row_std: float,
-              means: dict) -> dict:
+def layer_row(module: MultiheadSelfAttention, q_rms: float, k_rms: float,
+              spread: tuple[float, float], means: dict) -> dict:
     """One layer's history row: the monitor's means (None where not finite, and all but
     ``nonfinite_fraction`` None when q or k is not finite), q/k RMS, the row logit spread
-    ``row_logit_std`` (None when not finite), and the mean of each learned scalar or per-head
-    score parameter (a learned τ, s)."""
-    row: dict[str, float | None] = {"q_rms": q_rms, "k_rms": k_rms,
-                                    "row_logit_std": row_std if math.isfinite(row_std) else None}
+    ``row_logit_std`` and ``row_freeze_ratio`` of :func:`row_spread` (None when not finite),
+    and the mean of each learned scalar or per-head score parameter (a learned τ, s)."""
+    row: dict[str, float | None] = {"q_rms": q_rms, "k_rms": k_rms}
+    for name, value in zip(("row_logit_std", "row_freeze_ratio"), spread, strict=True):
+        row[name] = value if math.isfinite(value) else None
     finite = math.isfinite(q_rms) and math.isfinite(k_rms)
     for name in LAYER_STATS:
         value = means.get(name)
@@ -101,20 +103,31 @@ def layer_row(module: MultiheadSelfAttention, q_rms: float, k_rms: float, row_st
     return row
 
 
-def row_logit_std(logits: Tensor) -> float:
-    """The typical row's logit spread: the mean over query rows (and heads, batch) of the
-    standard deviation of that row's visible logits, σ_i = √(mean_j ℓ_ij² − (mean_j ℓ_ij)²)
-    over keys j it sees (−inf marks a hidden key); rows seeing fewer than two keys are left
-    out. NaN when no row counts or a visible logit is not finite. Unlike the std over every
-    (query, key) entry, a shift shared by a row (which the softmax ignores) does not count."""
-    z = logits.detach().double()
-    visible = z != float("-inf")
-    n = visible.sum(-1)
-    x = torch.where(visible, z, torch.zeros((), dtype=z.dtype))
-    mean = x.sum(-1) / n.clamp(min=1)
-    var = torch.where(visible, (x - mean[..., None]) ** 2, 0.0).sum(-1) / n.clamp(min=1)
+def row_spread(logits: Tensor, keep: Tensor) -> tuple[float, float]:
+    """The typical row's logit spread, over query rows (and heads, batch) that see n_i ≥ 2 keys
+    (``keep``, bool, the logits' shape):
+
+    * ``row_logit_std``: mean_i σ_i, σ_i the sample standard deviation (ddof = 1) of row i's
+      visible logits;
+    * ``row_freeze_ratio``: mean_i σ_i / s_c(n_i), s_c(n) = √(2 ln n) the softmax's freezing
+      scale over the n_i keys the row sees (Derrida 1981): 1 is where one key starts to take
+      most of the row's weight, whatever the row's length (causal rows see 1..N keys).
+
+    Both NaN when no row counts or any visible logit is not finite (a layer that blew up is
+    not a small one). A shift shared by a row, which the softmax ignores, does not count."""
+    z, keep = logits.detach().double(), keep.expand_as(logits)
+    visible = torch.where(keep, z, torch.zeros((), dtype=z.dtype))
+    if not bool(torch.isfinite(visible).all()):
+        return math.nan, math.nan
+    n = keep.sum(-1)
     rows = n >= 2
-    return float(var[rows].sqrt().mean()) if bool(rows.any()) else math.nan
+    if not bool(rows.any()):
+        return math.nan, math.nan
+    mean = visible.sum(-1) / n.clamp(min=1)
+    sq = torch.where(keep, (visible - mean[..., None]) ** 2, 0.0).sum(-1)
+    sigma = (sq[rows] / (n[rows] - 1)).sqrt()
+    ratio = sigma / torch.sqrt(2 * torch.log(n[rows].double()))
+    return float(sigma.mean()), float(ratio.mean())
 
 
 def rms(x: Tensor) -> float:

@@ -28,8 +28,8 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
+import scipy  # its submodules load on first use (scipy.stats alone takes ~2 s to import)
 from pydantic import ConfigDict, Field
-from scipy.stats import chi2 as chi2_dist
 
 from attnscale.audit.claim import Claim, Figure, Measurement, Sources, register
 from attnscale.audit.evidence import Model
@@ -41,6 +41,7 @@ from attnscale.audit.verdicts import DEPENDS, INCONCLUSIVE, REFUTED, SUPPORTED, 
 from attnscale.measure import overhead
 
 Z95 = 1.959963984540054  # the fit's errors are absolute (weights 1/σ²): a normal band
+MIN_DOF = 2  # a + b/N through fewer than 4 points cannot test itself: read each N as measured
 
 MIN_DELTA = 0.02  # below 2% a CPU timing difference is not worth a claim
 MAX_DELTA = 0.10  # a floor noisier than this cannot show that an overhead is absent
@@ -128,12 +129,14 @@ class Fit(Model):
     points: int | None = None
 
     def usable(self) -> bool:
-        """A weighted fit with its whole covariance (older evidence lacks cov_ab) that the
-        points do not reject: χ² below its 99th percentile (a misfit means the overhead does
-        not follow a + b/N, and each N is read as measured)."""
-        if not self.weighted or None in (self.a_se, self.b_se, self.cov_ab):
+        """A weighted fit with its whole covariance (older evidence lacks cov_ab), at least
+        :data:`MIN_DOF` degrees of freedom, that its points do not reject: χ² below its 99th
+        percentile (a misfit means the overhead does not follow a + b/N, and each N is read as
+        measured)."""
+        if not self.weighted or None in (self.a_se, self.b_se, self.cov_ab, self.chi2):
             return False
-        return not self.dof or self.chi2 is None or self.chi2 <= chi2_dist.ppf(0.99, self.dof)
+        return (self.dof or 0) >= MIN_DOF and (
+            self.chi2 <= scipy.stats.chi2.ppf(0.99, self.dof))
 
     def birge(self) -> float:
         """√(χ²/dof), at least 1: how far the points scatter beyond their stated errors."""
@@ -145,7 +148,9 @@ class Fit(Model):
         """The fitted overhead a + b/N with its 95% band (as a ratio, 1 + overhead)."""
         x = 1.0 / n
         var = self.a_se**2 + (x * self.b_se) ** 2 + 2 * x * self.cov_ab
-        half = Z95 * self.birge() * max(var, 0.0) ** 0.5
+        # a scale estimated from the residuals (Birge > 1) takes Student's t with the fit's dof
+        q = Z95 if self.birge() == 1.0 else float(scipy.stats.t.ppf(0.975, self.dof))
+        half = q * self.birge() * max(var, 0.0) ** 0.5
         mid = 1 + self.a + self.b * x
         return Interval(mean=mid, lo=mid - half, hi=mid + half, n=self.points or 0)
 
@@ -299,14 +304,17 @@ def headline(verdict: str, rows: list[Row], read: dict[int, Interval], states: d
     return f"inconclusive: {band_text(read[first.n])} at N={first.n}, margin ±{delta:.1%}"
 
 
-def scaling_text(rows: list[Row], fit: Fit | None) -> tuple[str, str, bool]:
-    """The O(N·d) against O(N²·d) sentence with the measured trend, the trend alone, and
-    whether the overhead falls with N."""
+def scaling_text(rows: list[Row], read: dict[int, Interval],
+                 fit: Fit | None) -> tuple[str, str, bool]:
+    """The O(N·d) against O(N²·d) sentence with the trend the verdict reads (the fit's band, or
+    the measured interval, and which), the trend alone, and whether the overhead falls with
+    N."""
     first, last = rows[0], rows[-1]
-    x, y = first.cosine.text(), last.cosine.text()
-    trend = (f"from {x} at N={first.n} to {y} at N={last.n}" if len(rows) > 1
-             else f"{x} at N={first.n}")
-    falls = len(rows) > 1 and last.cosine.ratio < first.cosine.ratio
+    x, y = band_text(read[first.n]), band_text(read[last.n])
+    source = "fitted" if fit is not None and fit.usable() else "measured"
+    trend = (f"from {x} at N={first.n} to {y} at N={last.n} ({source})" if len(rows) > 1
+             else f"{x} at N={first.n} ({source})")
+    falls = len(rows) > 1 and read[last.n].mean < read[first.n].mean
     fit_s = f" ({fit_text(fit)})" if fit else ""
     if len(rows) == 1:
         return (f"the extra work is O(N·d) normalization against O(N²·d) attention, so it "
@@ -321,9 +329,9 @@ def scaling_text(rows: list[Row], fit: Fit | None) -> tuple[str, str, bool]:
 def plain(verdict: str, rows: list[Row], read: dict[int, Interval], states: dict[int, str],
           delta: float, fit: Fit | None, cross: float | None) -> list[str]:
     """Two or three sentences on what the thread got right and wrong, from the numbers."""
-    scaling, trend, falls = scaling_text(rows, fit)
-    if cross is not None and verdict != INCONCLUSIVE:
-        scaling += f" The fit falls below ±{delta:.1%} from N ≈ {cross:.3g}."
+    scaling, trend, falls = scaling_text(rows, read, fit)
+    if cross is not None and rows[0].n <= cross <= rows[-1].n and verdict != INCONCLUSIVE:
+        scaling += f" The fitted overhead falls below +{delta:.1%} from N ≈ {cross:.3g}."
     if verdict == SUPPORTED:
         largest = max(read[r.n].mean for r in rows) - 1
         size = f"small: at most {largest:+.1%}" if largest < SMALL else f"up to {largest:+.1%}"
@@ -376,11 +384,16 @@ def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> lis
                for r in rows]
         ax.errorbar([n * shift for n in ns], [e["mean"] for e in est], yerr=yerr(est),
                     marker="o", capsize=3, color=color, label=f"{label}, 95% CI")
-    fit = ev.get("fit")
-    if fit and len(ns) > 1:
+    fit = Fit.model_validate(ev["fit"]) if ev.get("fit") else None
+    if fit is not None and len(ns) > 1:
         grid = np.geomspace(ns[0], ns[-1], 50)
-        ax.plot(grid, 100 * (fit["a"] + fit["b"] / grid), "C0--", lw=0.8,
-                label=f"fit $a + b/N$, $b$ = {fit['b']:.3g}")
+        ax.plot(grid, 100 * (fit.a + fit.b / grid), "C0--", lw=0.8,
+                label=f"fit $a + b/N$, $b$ = {fit.b:.3g}")
+        if fit.usable():  # the band the verdict reads
+            bands = [fit.at(int(n)) for n in grid]
+            ax.fill_between(grid, [100 * (b.lo - 1) for b in bands],
+                            [100 * (b.hi - 1) for b in bands], color="C0", alpha=0.15,
+                            label="fit's 95% band (what the rule reads)")
     if finite(delta):
         ax.axhspan(-100 * delta, 100 * delta, color=BAND, zorder=0,
                    label=f"±δ = ±{delta:.1%}: smallest resolvable")
