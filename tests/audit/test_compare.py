@@ -51,7 +51,7 @@ def head_dim(rng_seed, gap, noise, dks=(16, 64, 128, 256)):
             a, b = pair(rng_seed + d, gap(d), noise=noise)
             table[f"init={init} d_model={d}"] = {"dot": arm(a), "scaled_dot": arm(b)}
     return {"loss": table, "entropy_init": table, "entropy_end": table,
-            "row_std_init": table, "saturated_end": table, "inits": ["gpt2", "unit"],
+            "saturated_end": table, "inits": ["gpt2", "unit"],
             "head_dims": list(dks), "seeds": list(range(5))}
 
 

@@ -106,7 +106,7 @@ def head_dim(draw: Draw, gap: float | Callable[[int], float], noise: float = 0.0
                           for d in dks],
                 "partial": [{**run, "d_k": dks[-1], "partial": True, "max_loss_diff": 0.15}]}
     return {"loss": loss, "entropy_init": entropy, "entropy_end": entropy,
-            "row_std_init": entropy, "saturated_end": entropy,
+            "saturated_end": entropy,
             "inits": ["gpt2", "unit"], "head_dims": list(dks),
             "seeds": list(range(draw.level.size)), "identity": identity}
 
