@@ -61,6 +61,19 @@ def test_c12_flips_with_the_init_and_trained_spread():
     assert "0.975–1.08" in ok.plain[0] and "O(1)" in ok.plain[0] and "not O(1)" in bad.plain[0]
 
 
+def test_c12_a_spread_between_near_and_past_the_scale_still_depends():
+    """σ/s_c about 2, spread across the factor-2 line above the scale: neither 'equal' nor
+    'greater' is decided, but the one-sided test that it exceeds ½ is, so the width is not
+    below the scale and the verdict is depends (the fresh standard report's case: width 32 at
+    3.1× [1.6, 6.1])."""
+    v = judge(c12(trained=(0.3, 2.0), spread=0.3))
+    assert_reads_as(v, "depends", "C12")
+    c = v.numbers["trained"][WIDTHS[1]]
+    assert c["reading"] == "inconclusive" and c["not_less"]
+    assert v.numbers["near_or_past"] == [WIDTHS[1]]
+    assert "not below half of it, so within a factor 2 of it or past it" in v.plain[-1]
+
+
 def test_c12_spread_it_cannot_place_is_inconclusive_with_seeds_to_decide():
     """Seeds spread over a factor of 3 around s_c/2: the interval spans the factor-2 line."""
     v = judge(c12(trained=(0.3, 0.5), spread=0.3))

@@ -46,7 +46,8 @@ RULE = ("Step 0: scaled_dot's row logit std σ (per query row, over the keys it 
         "diverged or whose rows blew up puts its width past the scale. Supported if every "
         "unit-variance seed is O(1) at init and every width reads below the freezing scale by "
         "more than a factor 2; depends if init is O(1) and some width reads within a factor 2 "
-        "of it or past it; refuted if some unit-variance seed is not O(1) at init; "
+        "of it or past it (equal or greater, or the one-sided test that σ/s_c exceeds ½, Holm "
+        "over the widths on its own); refuted if some unit-variance seed is not O(1) at init; "
         "inconclusive otherwise")
 
 BySeed = dict[str, float]  # seed -> value
@@ -103,7 +104,9 @@ def against_scale(ev: Evidence) -> dict[str, Comparison]:
 def verdict_of(unit: list[float], cmp: dict[str, Comparison]) -> tuple[str, bool, list[str]]:
     """(verdict, init O(1), the widths at or past the freezing scale)."""
     init_ok = bool(unit) and all(0.25 <= v <= 4 for v in unit)
-    near = [w for w, c in cmp.items() if c.reading in (GREATER, EQUAL)]
+    # within a factor 2 or past: either decided reading, or σ/s_c > ½ one-sided (an interval
+    # that straddles 2 is still not below the scale)
+    near = [w for w, c in cmp.items() if c.reading in (GREATER, EQUAL) or c.no_better()]
     if not unit:
         return INCONCLUSIVE, init_ok, near
     if not init_ok:
@@ -158,6 +161,9 @@ def trained_sentence(width: str, c: Comparison) -> str:
              GREATER: "past it by more than a factor 2",
              EQUAL: "within a factor 2 of it, where a few keys start to take most of a row's "
                     "weight"}.get(c.reading)
+    if where is None and c.no_better():
+        return (f"At {w}, after training, a typical row's σ is {ratio} the freezing scale of "
+                f"its keys: not below half of it, so within a factor 2 of it or past it.")
     if where is None:
         more = f"; about {c.seeds_to_decide} seeds would decide" if c.seeds_to_decide else ""
         return (f"At {w}, after training, a typical row's σ is {ratio} the freezing scale of "
