@@ -17,7 +17,7 @@ def comp(mean: float, reading: str, n: int = 6) -> dict:
 
 
 def entries(gap: float, gap_reading: str, c13: str, tau1: str = "greater",
-            q3: str = "refuted") -> list[dict]:
+            q3: str = "refuted", diverged: int = 0) -> list[dict]:
     """Report entries shaped like the rules' output, with one knob per finding."""
     return [
         {"id": "C13", "verdict": c13, "evidence": {},
@@ -44,7 +44,8 @@ def entries(gap: float, gap_reading: str, c13: str, tau1: str = "greater",
          "numbers": {"by_n": {"256": {"ratio": 1.10}, "4096": {"ratio": 1.01}}}},
         {"id": "C11", "verdict": "inconclusive", "numbers": {},
          "evidence": {"sweep": {"d_model=128": {
-             "scaled_dot": {"peak_logit_by_lr": {"0.01": 30.0, "0.3": 900.0}},
+             "scaled_dot": {"peak_logit_by_lr": {"0.01": 30.0, "0.3": 900.0},
+                            "n_diverged": diverged},
              "qk_layernorm": {"peak_logit_by_lr": {"0.01": 8.0, "0.3": 12.0}}}}}},
         {"id": "Q3", "verdict": q3, "numbers": {},
          "evidence": {"answer_weight": {"n=128": {"all": {
@@ -74,6 +75,10 @@ def test_the_answer_follows_the_data():
     assert "QK-LayerNorm: matched scaled dot" in real and "with lower LR sensitivity" in real
     assert "soft-capping: trailed scaled dot" in real
     assert "max |logit| reached 900" in real and "QK-LayerNorm's 12" in real
+    assert "saw divergence in longer runs once it passes about 1e4; here no run of the sweep " \
+        "diverged" in real
+    blown = text(takeaways(entries(0.33, "greater", "supported", diverged=3)))
+    assert "here 3 runs diverged" in blown and "no run of the sweep" not in blown
     flipped = text(takeaways(entries(0.33, "greater", "supported", tau1="equal")))
     assert "needs a temperature: at τ = 1 its retrieval loss is +0.300 nats" in real
     assert "tau4, learned did no worse than scaled dot" in real

@@ -166,10 +166,14 @@ def _when(e: dict[str, Entry]) -> list[str]:
     width = list(ev["sweep"])[-1]
     sd, qk = _peak(ev, width, "scaled_dot"), _peak(ev, width, "qk_layernorm")
     if sd and qk:
+        diverged = sum(a.get("n_diverged", 0) for arms in ev["sweep"].values()
+                       for a in arms.values())
+        here = ("here no run of the sweep diverged" if not diverged
+                else f"here {diverged} runs diverged")
         out.append(f"QK-norm, when logits grow during training: at width {width} and the "
                    f"largest LRs scaled dot's max |logit| reached {sd[1]:.3g} (lr {sd[0]:g}), "
                    f"QK-LayerNorm's {qk[1]:.3g} (lr {qk[0]:g}) (C11). Wortsman et al. 2023 "
-                   f"saw divergence once it passes about 1e4.")
+                   f"saw divergence in longer runs once it passes about 1e4; {here}.")
     cap = _modern(e).get("softcap")
     if cap:
         sens = [s for _, s, _ in cap.values()]
