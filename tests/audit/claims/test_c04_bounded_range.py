@@ -191,3 +191,14 @@ def test_the_bound_sentence_says_less_without_a_bound():
     assert M.bound_alt({**tau(), "bound": {}}) == ""
     alone = M.bound_alt({**tau(), "bound": {"cosine_tau1": bound(1)}})
     assert alone.endswith(f"= {bound(1):.2f} at τ = 1 over 32 keys.") and "τ = 4" not in alone
+
+
+def test_a_task_not_learned_draws_the_arms_and_no_forest(tmp_path):
+    """scaled_dot at 0.3 on a chance-0.25 task: the rule compares nothing, so only the arms
+    figure is drawn."""
+    ev = tau()
+    ev["accuracy"]["all"]["scaled_dot"] = around(0.3, 0.01, 10, 9)
+    v = decide(ev)
+    assert v.verdict == "inconclusive" and "did not learn" in v.because and not v.numbers
+    figs = M.draw(ev, dict(v.numbers), tmp_path)
+    assert [Path(f["path"]).name for f in figs] == ["c4_tau.png"]

@@ -92,13 +92,16 @@ def controls_alt(ev: Mapping[str, Any]) -> str:
 
 def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> list[Figure]:
     """Accuracy per arm with chance (:func:`attnscale.audit.figures.fig_arms`), and the forest
-    plot of the paired differences cosine − scaled_dot with ±δ."""
-    n = T.n_seeds(numbers)
-    return [fig_arms(dict(ev), folder, "c3_salience",
-                     r"C3: salience, cue on $\|k\|$ only, accuracy per arm", controls_alt(ev)),
-            fig_forest(dict(numbers), folder, "c3_effects",
-                       f"C3: cosine − scaled_dot accuracy, {n} seeds, mean and 95% CI",
-                       "accuracy", "Cosine minus scaled_dot accuracy with the cue on ‖k‖")]
+    plot of the paired differences cosine − scaled_dot with ±δ when the rule compared them (not
+    when scaled_dot did not learn the task or a control failed: the arms figure shows why)."""
+    figs = [fig_arms(dict(ev), folder, "c3_salience",
+                     r"C3: salience, cue on $\|k\|$ only, accuracy per arm", controls_alt(ev))]
+    if numbers:
+        n = T.n_seeds(numbers)
+        figs.append(fig_forest(dict(numbers), folder, "c3_effects",
+                               f"C3: cosine − scaled_dot accuracy, {n} seeds, mean and 95% CI",
+                               "accuracy", "Cosine minus scaled_dot accuracy with the cue on ‖k‖"))
+    return figs
 
 
 def salience_evidence(study: Study, runs: list[dict[str, Any]]) -> dict[str, Any]:

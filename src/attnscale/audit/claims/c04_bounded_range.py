@@ -104,13 +104,16 @@ def bound_alt(ev: Mapping[str, Any]) -> str:
 
 def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> list[Figure]:
     """Accuracy per arm with the cap at each τ (:func:`attnscale.audit.figures.fig_arms`),
-    and the forest plot of the paired loss differences cosine − scaled_dot with ±δ."""
-    n = T.n_seeds(numbers)
-    return [fig_arms(dict(ev), folder, "c4_tau", f"C4: retrieval among fillers, "
-                     f"n = {ev['n']} keys, accuracy per arm", bound_alt(ev)),
-            fig_forest(dict(numbers), folder, "c4_effects",
-                       f"C4: cosine − scaled_dot clipped eval loss, {n} seeds, mean and 95% CI",
-                       "nats", "Cosine minus scaled_dot retrieval loss")]
+    and the forest plot of the paired loss differences cosine − scaled_dot with ±δ when the
+    rule compared them (not when scaled_dot did not learn the task)."""
+    figs = [fig_arms(dict(ev), folder, "c4_tau", f"C4: retrieval among fillers, "
+                     f"n = {ev['n']} keys, accuracy per arm", bound_alt(ev))]
+    if numbers:
+        n = T.n_seeds(numbers)
+        figs.append(fig_forest(dict(numbers), folder, "c4_effects",
+                               f"C4: cosine − scaled_dot clipped eval loss, {n} seeds, mean and "
+                               "95% CI", "nats", "Cosine minus scaled_dot retrieval loss"))
+    return figs
 
 
 def gather(src: Sources) -> dict[str, Any]:
