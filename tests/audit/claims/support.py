@@ -264,3 +264,14 @@ def layouts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str]]]:
         return real(fig, path)
     monkeypatch.setattr(theory_plots, "save_png", keep)
     return saved
+
+
+def assert_unlearned_draws_arms_only(claim: Any, ev: dict[str, Any], accuracy: float,
+                                     folder: Path) -> None:
+    """scaled_dot at ``accuracy`` (below twice chance): the claim's rule compares nothing and
+    its figures are the arms figure alone, not a forest plot of no comparison."""
+    ev["accuracy"]["all"]["scaled_dot"] = around(accuracy, 0.01, 10, 9)
+    v = claim.CLAIM.decide(ev)
+    assert v.verdict == "inconclusive" and "did not learn" in v.because and not v.numbers
+    figs = claim.draw(ev, dict(v.numbers), folder)
+    assert len(figs) == 1 and "effects" not in Path(figs[0]["path"]).name

@@ -10,7 +10,15 @@ import re
 from pathlib import Path
 
 import pytest
-from support import NULL_DRAWS, around, assert_reads_as, assert_scipy, layouts, png_info
+from support import (
+    NULL_DRAWS,
+    around,
+    assert_reads_as,
+    assert_scipy,
+    assert_unlearned_draws_arms_only,
+    layouts,
+    png_info,
+)
 from support import TaskDraw as Draw
 
 from attnscale.audit import verdicts as V
@@ -198,9 +206,4 @@ def test_a_figure_without_accuracy_is_an_error_not_faked(tmp_path):
 def test_a_task_not_learned_draws_the_arms_and_no_forest(tmp_path):
     """scaled_dot at 0.12 on a chance-0.06 task (the quick preset's budget): the rule compares
     nothing, so the page shows the arms figure alone, not a failed forest plot."""
-    ev = salience()
-    ev["accuracy"]["all"]["scaled_dot"] = around(0.12, 0.01, 10, 9)
-    v = decide(ev)
-    assert v.verdict == "inconclusive" and "did not learn" in v.because and not v.numbers
-    figs = M.draw(ev, dict(v.numbers), tmp_path)
-    assert [Path(f["path"]).name for f in figs] == ["c3_salience.png"]
+    assert_unlearned_draws_arms_only(M, salience(), 0.12, tmp_path)

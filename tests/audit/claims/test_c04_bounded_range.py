@@ -11,7 +11,15 @@ import re
 from pathlib import Path
 
 import pytest
-from support import NULL_DRAWS, around, assert_reads_as, assert_scipy, layouts, png_info
+from support import (
+    NULL_DRAWS,
+    around,
+    assert_reads_as,
+    assert_scipy,
+    assert_unlearned_draws_arms_only,
+    layouts,
+    png_info,
+)
 from support import TaskDraw as Draw
 
 from attnscale.audit import verdicts as V
@@ -196,9 +204,4 @@ def test_the_bound_sentence_says_less_without_a_bound():
 def test_a_task_not_learned_draws_the_arms_and_no_forest(tmp_path):
     """scaled_dot at 0.3 on a chance-0.25 task: the rule compares nothing, so only the arms
     figure is drawn."""
-    ev = tau()
-    ev["accuracy"]["all"]["scaled_dot"] = around(0.3, 0.01, 10, 9)
-    v = decide(ev)
-    assert v.verdict == "inconclusive" and "did not learn" in v.because and not v.numbers
-    figs = M.draw(ev, dict(v.numbers), tmp_path)
-    assert [Path(f["path"]).name for f in figs] == ["c4_tau.png"]
+    assert_unlearned_draws_arms_only(M, tau(), 0.3, tmp_path)
