@@ -320,7 +320,7 @@ def length_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
 
 
 def row_spread_evidence(study: Study, runs: list[Run], row: int, name: str,
-                        layer: int | None = None) -> dict[str, dict[str, dict[str, float]]]:
+                        layer: int | None = None) -> dict[str, dict[str, Any]]:
     """C12: cell label -> scaled_dot's :func:`spread_stat` per seed at its chosen LR (an
     :class:`Arm` as a dict: values, LRs, censoring)."""
     table = arms_table(study, [r for r in runs if r.get("variant") == "scaled_dot"],
