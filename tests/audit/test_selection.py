@@ -4,12 +4,17 @@ other seeds do (leave-one-seed-out, "grid"); a best LR at the edge of the grid i
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from attnscale.audit import selection as S
-from attnscale.audit.studies import Study
+from attnscale.audit.evidence import missing_runs
+from attnscale.audit.running import StudyRunner, study_runs
+from attnscale.audit.studies import PRESETS, Study, studies
+from attnscale.lab.store import Store
 
 L0 = 5.0
 LRS = (1e-3, 1e-2, 1e-1, 1.0)
@@ -156,7 +161,7 @@ def test_to_dict_is_json_ready_with_string_keys():
     v = S.ArmValues({0: 1.5, 3: 2.0}, {0: 0.01, 3: 0.01}, True, {0.01: 1.75})
     d = json.loads(json.dumps(v.to_dict()))
     assert d == {"values": {"0": 1.5, "3": 2.0}, "lrs": {"0": 0.01, "3": 0.01},
-                 "censored": True, "curve": {"0.01": 1.75}}
+                 "censored": True, "curve": {"0.01": 1.75}, "alt": {}, "alt_lrs": {}}
 
 
 @pytest.mark.parametrize("lr_choice", ["grid", "tuned"])
@@ -188,3 +193,115 @@ def test_a_grid_extends_at_most_extend_times_even_across_reruns(curve, expected,
         assert out == {}
     else:
         assert out[(), "dot"] == pytest.approx(expected)
+
+
+# ------------------------------------------------------------------ the runner-up LR
+
+
+def test_runner_up_is_the_better_grid_neighbour():
+    curve = {1e-3: 3.0, 1e-2: 1.0, 1e-1: 1.2, 1.0: 0.9}
+    assert S.runner_up(curve, 1e-2) == 1e-1  # 1.2 beats 3.0; the far 0.9 is not a neighbour
+    assert S.runner_up(curve, 1e-3) == 1e-2  # at an edge: the one neighbour
+    assert S.runner_up({1e-2: 1.0}, 1e-2) is None
+
+
+def test_separated_needs_every_seed_past_delta():
+    d = S.SEPARATION
+    table = {(1e-2, 0): 1.0, (1e-1, 0): 1.0 + 2 * d, (1e-2, 1): 1.0, (1e-1, 1): 1.0 + 2 * d}
+    assert S.separated(table, 1e-2, 1e-1, (0, 1))
+    assert not S.separated({**table, (1e-1, 1): 1.0 + d / 2}, 1e-2, 1e-1, (0, 1))
+    assert not S.separated({**table, (1e-1, 1): 1.0 + 0.99 * d}, 1e-2, 1e-1, (0, 1))
+    assert not S.separated(table, 1e-2, 1e-1, (7,))  # no seed ran both: nothing separates
+
+
+def test_tuned_lrs_keeps_a_near_tie_and_drops_a_separated_neighbour():
+    def tune(c50, c51):
+        return [run(50, lr, x) for lr, x in c50.items()] + [run(51, lr, x) for lr, x in
+                                                             c51.items()]
+    # Q3's tie: both LRs solve the task, 0.009 against 0.011 (offset 2 of the length study)
+    lr, other, edge, _ = S.tuned_lrs(tune({1e-3: 3.9, 1e-2: 0.009, 1e-1: 0.04},
+                                          {1e-3: 3.9, 1e-2: 0.030, 1e-1: 0.011}))
+    assert (lr, other, edge) == (1e-2, 1e-1, False)
+    lr, other, _, _ = S.tuned_lrs(tune({1e-3: 3.9, 1e-2: 1.0, 1e-1: 1.5},
+                                       {1e-3: 3.9, 1e-2: 1.0, 1e-1: 1.3}))
+    assert (lr, other) == (1e-2, None)  # both tuning seeds put 0.1 far above
+    assert S.tuned_lrs(tune({1e-2: 1.0}, {1e-2: 1.1}))[1] is None  # one LR: nothing to swap
+
+
+def test_arm_values_reads_the_reported_seeds_at_the_runner_up():
+    tune = [run(s, lr, x) for s in (50, 51) for lr, x in {1e-3: 3.0, 1e-2: 1.0,
+                                                          1e-1: 1.01, 1.0: 4.0}.items()]
+    reported = [run(s, 1e-2, 1.0 + s / 10) for s in range(5)]
+    tied = [run(s, 1e-1, 1.0 + s / 10 + (-1) ** s * 0.03) for s in range(5)]
+    st = study("tuned")
+    assert S.reported_lrs(st, tune, (), "dot") == (1e-2, 1e-1)
+    v = S.arm_values(st, tune + reported + tied, (), "dot")
+    assert v.values == pytest.approx({s: 1.0 + s / 10 for s in range(5)})
+    assert v.alt == pytest.approx({s: 1.0 + s / 10 + (-1) ** s * 0.03 for s in range(5)})
+    assert set(v.alt_lrs.values()) == {1e-1} and set(v.lrs.values()) == {1e-2}
+    # C3's case: the tuning seeds disagree, but with the reported seeds the runner-up is
+    # clearly worse (every seed that ran both puts it ~1 nat above): not read
+    worse = [run(s, 1e-1, 2.0 + s / 10) for s in range(5)]
+    assert S.arm_values(st, tune + reported + worse, (), "dot").alt == {}
+    far = [run(s, lr, x) for s in (50, 51) for lr, x in {1e-3: 3.0, 1e-2: 1.0, 1e-1: 1.5,
+                                                         1.0: 4.0}.items()]
+    assert S.reported_lrs(st, far, (), "dot") == (1e-2,)  # not even trained
+    assert S.arm_values(st, far + reported + tied, (), "dot").alt == {}
+
+
+def test_clearly_worse_is_a_one_sided_t_bound_past_delta():
+    d = S.SEPARATION
+    gaps = [0.5, 0.6, 0.4, 0.55]
+    table = {(1.0, s): 0.0 for s in range(4)} | {(2.0, s): g for s, g in enumerate(gaps)}
+    low = np.mean(gaps) - stats.t.ppf(0.95, 3) * np.std(gaps, ddof=1) / 2
+    assert low > d and S.clearly_worse(table, 1.0, 2.0, range(4))
+    half = {k: v / 25 for k, v in table.items()}  # the same gaps / 25: bound just below δ
+    assert low / 25 < d < low / 20 and not S.clearly_worse(half, 1.0, 2.0, range(4))
+    noisy = table | {(2.0, 0): -2.0}  # one seed prefers the runner-up by far: not clearly
+    assert not S.clearly_worse(noisy, 1.0, 2.0, range(4))
+    assert not S.clearly_worse(table, 1.0, 2.0, range(1))  # one seed: no bound
+    flat = {(1.0, s): 0.0 for s in range(3)} | {(2.0, s): 2 * d for s in range(3)}
+    assert S.clearly_worse(flat, 1.0, 2.0, range(3))  # no spread: every gap past δ
+
+
+def test_grid_runner_ups_come_from_the_other_seeds():
+    """Seeds 0-3 put 0.01 and 0.1 within δ of each other; seed 4 alone puts 0.1 far above. Each
+    seed's runner-up is decided by the OTHER seeds: seed 4's stays (0-3 put it 0.005 above),
+    every other seed's does too (with seed 4 among them the gap's lower bound is below δ)."""
+    table = {s: {1e-3: 3.0, 1e-2: 1.0, 1e-1: 1.005 if s < 4 else 1.9, 1.0: 4.0}
+             for s in range(5)}
+    runs = grid_runs(table)
+    chosen, _, _ = S.loo_choice(runs)
+    assert set(chosen.values()) == {1e-2}
+    assert S.loo_runner_ups(runs, chosen) == dict.fromkeys(range(5), 1e-1)
+    v = S.arm_values(study(), runs, (), "dot")
+    assert v.alt == pytest.approx({s: table[s][1e-1] for s in range(5)})
+    apart = {s: {**row, 1e-1: 1.5} for s, row in table.items()}
+    assert S.loo_runner_ups(grid_runs(apart), chosen) == {}
+    assert S.arm_values(study(), grid_runs(apart), (), "dot").alt == {}
+
+
+def test_the_runner_trains_the_reported_seeds_at_the_runner_up(tmp_path):
+    """A tuned study whose two LRs the 3-step tuning cannot separate: the runner trains every
+    reported seed at both, the evidence reads both, and a runner-up run removed from the
+    database is named as missing (an error, never a smaller reading)."""
+    st = replace(studies(PRESETS["tiny"])["length"], lrs=(1e-3, 1.1e-3), extend=0)
+    db = tmp_path / "r.db"
+    with StudyRunner(db, "local", 1, None) as runner:
+        runner.run(st)
+    with Store(db) as store:
+        runs = study_runs(store, st)
+    assert missing_runs(st, runs) == []
+    for arm in st.arms:
+        assert S.reported_lrs(st, runs, (), arm) == (
+            S.tuned_choice([r for r in runs if S.in_cell(r, (), arm)
+                            and r["config"]["seed"] in st.tune_seeds])[0],
+            *[x for x in st.lrs if x != S.reported_lrs(st, runs, (), arm)[0]])
+        v = S.arm_values(st, runs, (), arm)
+        assert set(v.alt) == set(v.values) == set(st.seeds)
+    drop = next(r for r in runs if r["config"]["seed"] == st.seeds[0]
+                and float(r["config"]["lr"]) == S.reported_lrs(st, runs, (), st.arms[0])[1]
+                and r["variant"] == st.arms[0])
+    lost = missing_runs(st, [r for r in runs if r is not drop])
+    assert len(lost) == 1 and lost[0].endswith(f"seed {st.seeds[0]} at LR "
+                                               f"{float(drop['config']['lr']):g}")

@@ -20,7 +20,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from attnscale.audit.interval import Interval
-from attnscale.audit.selection import arm_values, cell_label, cells, clipped, in_cell
+from attnscale.audit.selection import (
+    arm_values,
+    cell_label,
+    cells,
+    clipped,
+    in_cell,
+    reported_lrs,
+)
 from attnscale.audit.studies import VARIANTS, Study
 from attnscale.audit.verdicts import MissingEvidence
 from attnscale.lab import analysis
@@ -47,6 +54,17 @@ class Arm(Model):
     lrs: dict[str, float] = {}
     censored: bool = False
     curve: dict[str, float] = {}
+    # the same seeds read at the runner-up LR where it is not clearly worse than the
+    # choice (:mod:`attnscale.audit.selection`); empty when no seed has one
+    alt: dict[str, float] = {}
+    alt_lrs: dict[str, float] = {}
+
+    def at_runner_up(self) -> Arm:
+        """This arm read at its runner-up LR (itself when it has none)."""
+        if not self.alt:
+            return self
+        return self.model_copy(update={"values": self.alt, "lrs": self.alt_lrs, "alt": {},
+                                       "alt_lrs": {}})
 
     def mean(self) -> float:
         """Mean over seeds (nan when there are none)."""
@@ -341,11 +359,23 @@ def trained_saturation(head_dim: dict[str, Any]) -> dict[str, Any] | None:
 
 def missing_runs(study: Study, runs: list[Run]) -> list[str]:
     """Each (cell, arm, seed) of ``study``'s reported seeds with no finished run (done or
-    diverged): an arm missing there would silently leave a comparison out of its rule's family,
-    so the claims it feeds are reported as errors instead (``MissingEvidence``)."""
+    diverged), and for a tuned study each one missing at an LR it reports
+    (:func:`attnscale.audit.selection.reported_lrs`: the choice and the runner-up): an arm
+    missing there would silently leave a comparison out of its rule's family, so the claims it
+    feeds are reported as errors instead (``MissingEvidence``)."""
     finished = analysis.finished(runs)
-    return [f"{study.name}: {cell_label(cell)} {arm} seed {seed}"
-            for cell in cells(study) for arm in study.arms for seed in study.seeds
-            if not any(in_cell(r, cell, arm) and r["config"]["seed"] == seed for r in finished)]
+    out = []
+    for cell in cells(study):
+        for arm in study.arms:
+            mine = [r for r in finished if in_cell(r, cell, arm)]
+            lrs = reported_lrs(study, mine, cell, arm) if study.lr_choice == "tuned" else ()
+            for seed in study.seeds:
+                at = {float(r["config"]["lr"]) if lrs else None for r in mine
+                      if r["config"]["seed"] == seed}
+                where = f"{study.name}: {cell_label(cell)} {arm} seed {seed}"
+                if not at:
+                    out.append(where)
+                out += [f"{where} at LR {lr:g}" for lr in lrs if at and lr not in at]
+    return out
 
 

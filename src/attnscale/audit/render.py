@@ -14,6 +14,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
+from attnscale.audit import lr_choice
 from attnscale.audit.claim import Claim, Sources, all_claims
 from attnscale.audit.evidence import missing_runs
 from attnscale.audit.scale import claim_scale
@@ -48,7 +49,7 @@ def judge(claim: Claim, src: Sources) -> tuple[dict[str, Any], Any]:
     try:
         line = claim_scale(claim, src.preset, src.studies)
         ev = gather(claim, src)
-        v = claim.judge(ev)
+        v = lr_choice.decide(claim.judge, claim.read, ev)
     except Exception as e:  # every failure of a rule is reported as that, with its traceback
         error, where = failure(e), "".join(traceback.format_exception(e, limit=-3))
     entry = {"id": claim.id, "claim": claim.text, "measures": claim.measures,

@@ -3,7 +3,8 @@
 A ``grid`` study is one sweep. A ``tuned`` study is (1) the tuning seeds over the LR grid,
 (2) for every cell and arm whose best LR sits at an edge, one more LR beyond that edge
 (× or ÷ the study's ``lr_step``), repeated up to ``extend`` times, and (3) the reported seeds at
-each cell and arm's chosen LR (:mod:`attnscale.audit.selection`). Every run has a stable id
+each cell and arm's chosen LR and at its runner-up unless the tuning separates the two
+(:func:`attnscale.audit.selection.reported_lrs`). Every run has a stable id
 (its config's hash), so a killed report resumes where it stopped and a rerun runs nothing.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attnscale.audit.selection import Cell, cells, in_cell, tuned_choice
+from attnscale.audit.selection import Cell, cells, in_cell, reported_lrs, tuned_choice
 from attnscale.audit.studies import Study
 from attnscale.lab.executors import Kept, make_executor
 from attnscale.lab.store import FINISHED, Store
@@ -88,9 +89,13 @@ class StudyRunner:
             self.sweep([grid_spec(study, study.tune_seeds, (lr,), cell, (arm,))
                         for (cell, arm), lr in extra.items()], f"{study.name} (extending)")
             tuning = self.tuning(study)
-        if tuning:
-            self.sweep([grid_spec(study, study.seeds, (lr,), cell, (arm,))
-                        for (cell, arm), (lr, _, _) in tuning.items()], study.name)
+        with Store(self.db) as store:
+            runs = study_runs(store, study)
+        specs = [grid_spec(study, study.seeds, (lr,), cell, (arm,))
+                 for cell in cells(study) for arm in study.arms
+                 for lr in reported_lrs(study, runs, cell, arm)]
+        if specs:
+            self.sweep(specs, study.name)
 
     def tuning(self, study: Study) -> dict[tuple[Cell, str], tuple[float, bool, dict]]:
         """(cell, arm) -> :func:`attnscale.audit.selection.tuned_choice` on the tuning runs."""

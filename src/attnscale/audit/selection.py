@@ -10,19 +10,35 @@ per-seed values at it. Pure functions of stored run dicts (see :mod:`attnscale.l
 
 The clipped loss is Wortsman et al. 2023's (arXiv 2309.14322): min(L_T, L₀), L₀ for a diverged
 run (:func:`attnscale.lab.analysis.clipped_loss`).
+
+**The runner-up LR.** A choice of LR is itself uncertain: two tuning seeds cannot tell apart
+two LRs that both solve a task (docs/claims.md, "The LR choice"). Each arm therefore also has a
+*runner-up*: the better grid neighbour of its chosen LR (:func:`runner_up`). A tuned study trains
+its reported seeds there too unless every tuning seed puts it more than δ = 0.02 nats above the
+choice (:func:`separated`). It is read unless it is clearly worse (:func:`clearly_worse`): the
+one-sided 95% lower bound of its paired loss gap over every seed that ran both LRs (for a grid
+study, every other seed) lies above δ, so it cannot be the best LR (a comparison with the best,
+Hsu 1984, Ann. Statist. 12(3)). :class:`ArmValues` carries the reported seeds' values at the
+runner-up beside those at the choice; the report asks that a verdict hold at both
+(:mod:`attnscale.audit.lr_choice`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import scipy  # its submodules load on first use
 
 from attnscale.audit.studies import Study
 from attnscale.lab import analysis
 
 Run = Mapping[str, Any]
 Cell = tuple[tuple[str, Any], ...]  # ((field, value), ...) in the study's cell order
+SEPARATION = 0.02  # nats: the smallest loss effect of the training claims (verdicts.LOSS_DELTA)
 
 
 @dataclass(frozen=True)
@@ -34,12 +50,18 @@ class ArmValues:
     lrs: dict[int, float]
     censored: bool
     curve: dict[float, float] = field(default_factory=dict)  # LR -> mean clipped loss
+    # the same seeds read at the runner-up LR where it is not clearly worse (else
+    # at the choice); empty when no seed has a runner-up
+    alt: dict[int, float] = field(default_factory=dict)
+    alt_lrs: dict[int, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain numbers (seed and LR keys as strings), for evidence and JSON."""
-        return {"values": {str(k): v for k, v in self.values.items()},
-                "lrs": {str(k): v for k, v in self.lrs.items()}, "censored": self.censored,
-                "curve": {str(k): v for k, v in self.curve.items()}}
+        def keyed(d: Mapping[Any, float]) -> dict[str, float]:
+            return {str(k): v for k, v in d.items()}
+        return {"values": keyed(self.values), "lrs": keyed(self.lrs), "censored": self.censored,
+                "curve": keyed(self.curve), "alt": keyed(self.alt),
+                "alt_lrs": keyed(self.alt_lrs)}
 
 
 def cells(study: Study) -> list[Cell]:
@@ -80,6 +102,53 @@ def best_lr(curve: Mapping[float, float]) -> tuple[float, bool]:
     return lr, len(curve) > 1 and lr in (min(curve), max(curve))
 
 
+def runner_up(curve: Mapping[float, float], lr: float) -> float | None:
+    """The grid neighbour of ``lr`` with the lower mean loss in ``curve`` (None for a one-point
+    grid)."""
+    grid = sorted(curve)
+    i = grid.index(lr)
+    near = [grid[j] for j in (i - 1, i + 1) if 0 <= j < len(grid)]
+    return min(near, key=curve.__getitem__) if near else None
+
+
+def separated(table: Mapping[tuple[float, int], float], chosen: float, other: float,
+              seeds: Iterable[int]) -> bool:
+    """Every one of ``seeds`` that ran both LRs puts ``other`` more than :data:`SEPARATION`
+    above ``chosen`` (``table``: (LR, seed) -> clipped loss, as :func:`clipped`); False when no
+    seed ran both (nothing separates them)."""
+    both = [s for s in seeds if (chosen, s) in table and (other, s) in table]
+    return bool(both) and all(table[other, s] - table[chosen, s] > SEPARATION for s in both)
+
+
+def clearly_worse(table: Mapping[tuple[float, int], float], chosen: float, other: float,
+                  seeds: Iterable[int]) -> bool:
+    """The paired gap loss(other) − loss(chosen) over ``seeds`` that ran both LRs has its
+    one-sided 95% Student-t lower bound above :data:`SEPARATION` (with no spread: every gap
+    above it); False with fewer than two such seeds."""
+    gaps = np.array([table[other, s] - table[chosen, s] for s in seeds
+                     if (chosen, s) in table and (other, s) in table])
+    if len(gaps) < 2:
+        return False
+    sd = float(gaps.std(ddof=1))
+    if sd == 0.0:
+        return bool(gaps.min() > SEPARATION)
+    t = float(scipy.stats.t.ppf(0.95, len(gaps) - 1))
+    return float(gaps.mean()) - t * sd / math.sqrt(len(gaps)) > SEPARATION
+
+
+def tuned_lrs(tune_runs: Iterable[Run]) -> tuple[float, float | None, bool, dict[float, float]]:
+    """(chosen LR, its runner-up or None when the tuning separates them, at an edge?, curve)
+    from the tuning runs of one cell and arm (:func:`tuned_choice`, :func:`runner_up`,
+    :func:`separated`); ValueError when the tuning measured nothing."""
+    runs = list(tune_runs)
+    lr, edge, curve = tuned_choice(runs)
+    table = clipped(runs)
+    other = runner_up(curve, lr)
+    if other is not None and separated(table, lr, other, {s for _, s in table}):
+        other = None
+    return lr, other, edge, curve
+
+
 def tuned_choice(tune_runs: Iterable[Run]) -> tuple[float, bool, dict[float, float]]:
     """(chosen LR, at an edge?, LR -> mean clipped loss over the tuning seeds)."""
     table = clipped(tune_runs)
@@ -91,6 +160,28 @@ def tuned_choice(tune_runs: Iterable[Run]) -> tuple[float, bool, dict[float, flo
         raise ValueError("tune_runs: no finished run with a finite loss at init")
     lr, edge = best_lr(curve)
     return lr, edge, curve
+
+
+def loo_runner_ups(runs: Iterable[Run], chosen: Mapping[int, float]) -> dict[int, float]:
+    """seed -> the runner-up of its leave-one-seed-out choice ``chosen[seed]``
+    (:func:`runner_up` on the other seeds' curve), for the seeds whose other seeds do not
+    separate the two (:func:`separated`)."""
+    table = clipped(runs)
+    seeds = sorted({s for _, s in table})
+    out = {}
+    for s in seeds:
+        if s not in chosen or len(seeds) < 2:
+            continue
+        others = [x for x in seeds if x != s]
+        by_lr: dict[float, list[float]] = {}
+        for (lr_, x), c in table.items():
+            if x != s:
+                by_lr.setdefault(lr_, []).append(c)
+        curve = {k: sum(v) / len(v) for k, v in by_lr.items()}
+        other = runner_up(curve, chosen[s]) if chosen[s] in curve else None
+        if other is not None and not clearly_worse(table, chosen[s], other, others):
+            out[s] = other
+    return out
 
 
 def loo_choice(runs: Iterable[Run]) -> tuple[dict[int, float], bool, dict[float, float]]:
@@ -115,6 +206,19 @@ def loo_choice(runs: Iterable[Run]) -> tuple[dict[int, float], bool, dict[float,
     return chosen, edge, full
 
 
+def reported_lrs(study: Study, runs: Iterable[Run], cell: Cell, arm: str) -> tuple[float, ...]:
+    """The LRs a tuned study trains its reported seeds at, for one cell and arm: the choice
+    and, unless the tuning separates it, the runner-up (:func:`tuned_lrs`); () when the
+    tuning measured nothing."""
+    tune = [r for r in analysis.finished(runs) if in_cell(r, cell, arm)
+            and r["config"]["seed"] in study.tune_seeds]
+    try:
+        lr, other, _, _ = tuned_lrs(tune)
+    except ValueError:
+        return ()
+    return (lr,) if other is None else (lr, other)
+
+
 def arm_values(
     study: Study,
     runs: Iterable[Run],
@@ -134,19 +238,27 @@ def arm_values(
     reported = [r for r in mine if r["config"]["seed"] in study.seeds]
     if study.lr_choice == "tuned":
         try:
-            lr, edge, curve = tuned_choice(
+            lr, other, edge, curve = tuned_lrs(
                 [r for r in mine if r["config"]["seed"] in study.tune_seeds])
         except ValueError:  # the tuning measured nothing: nothing to report
             return ArmValues({}, {}, False)
         chosen = {r["config"]["seed"]: lr for r in reported}
+        every = {*study.tune_seeds, *chosen}
+        keep = other is not None and not clearly_worse(losses, lr, other, every)
+        seconds = dict.fromkeys(chosen, other) if keep else {}
         censored = edge
     else:
         chosen, censored, curve = loo_choice(reported)
-    values, lrs = {}, {}
-    for r in reported:
-        s = r["config"]["seed"]
-        if float(r["config"]["lr"]) == chosen.get(s):
-            v = read(r)
-            if v is not None:
-                values[s], lrs[s] = float(v), chosen[s]
-    return ArmValues(values, lrs, censored, curve)
+        seconds = loo_runner_ups(reported, chosen)
+    def at(lr_of: Mapping[int, float]) -> tuple[dict[int, float], dict[int, float]]:
+        values, lrs = {}, {}
+        for r in reported:
+            s = r["config"]["seed"]
+            if s in lr_of and float(r["config"]["lr"]) == lr_of[s]:
+                v = read(r)
+                if v is not None:
+                    values[s], lrs[s] = float(v), lr_of[s]
+        return values, lrs
+    values, lrs = at(chosen)
+    alt, alt_lrs = at({**chosen, **seconds}) if seconds else ({}, {})
+    return ArmValues(values, lrs, censored, curve, alt, alt_lrs)

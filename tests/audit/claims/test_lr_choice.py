@@ -1,0 +1,119 @@
+"""A verdict must survive the LR choice (:mod:`attnscale.audit.lr_choice`): evidence without a
+runner-up is judged as before; a verdict the runner-up LR changes reads inconclusive and names
+the arm and LR (Q3's known flip: scaled_dot at 0.03 generalizes worse than at 0.01); one that
+holds at every reading is kept; tables of the same runs switch together; beyond MAX_PRODUCT arms
+each is switched alone and all together; a rule that raises on a reading raises."""
+
+from __future__ import annotations
+
+import pytest
+from support import assert_reads_as
+
+from attnscale.audit import lr_choice as L
+from attnscale.audit import verdicts as V
+from attnscale.audit.claims import q3_length as Q3
+from attnscale.audit.evidence import Arm, Length
+
+SEEDS = range(10)
+
+
+def arm(values, alt=None, lr=0.01, alt_lr=0.03):
+    """An evidence arm: seed i at values[i] (LR ``lr``), and at ``alt_lr`` when ``alt``."""
+    out = {"values": {str(s): v for s, v in zip(SEEDS, values, strict=False)},
+           "lrs": {str(s): lr for s in SEEDS[:len(values)]}}
+    if alt is not None:
+        out.update(alt={str(s): v for s, v in zip(SEEDS, alt, strict=False)},
+                   alt_lrs={str(s): alt_lr for s in SEEDS[:len(alt)]})
+    return out
+
+
+def length(scaled, log, scaled_alt=None, log_alt=None):
+    """Length evidence: eval loss per seed at n=128 (n=32 solved, n=64 equal), accuracy 0.9."""
+    jitter = [0.01 * ((7 * s) % 5 - 2) for s in SEEDS]
+    def at(x, alt):
+        return arm([x + j for j in jitter], None if alt is None else [alt + j for j in jitter])
+    los = {"n=32": {"all": {"scaled_dot": at(0.01, None), "log_length": at(0.01, None)}},
+           "n=64": {"all": {"scaled_dot": at(0.10, None), "log_length": at(0.10, None)}},
+           "n=128": {"all": {"scaled_dot": at(scaled, scaled_alt),
+                             "log_length": at(log, log_alt)}}}
+    acc = {k: {"all": {a: arm([0.9] * 10) for a in ("scaled_dot", "log_length")}}
+           for k in los}
+    return Length.model_validate({"loss": los, "accuracy": acc, "answer_weight": acc,
+                                  "lengths": list(los), "chance": 0.1})
+
+
+def decide(ev):
+    return L.decide(Q3.CLAIM.judge, Q3.CLAIM.read, ev)
+
+
+def test_without_a_runner_up_the_verdict_is_the_rules():
+    ev = length(0.30, 0.43)
+    assert L.switchable(ev) == {}
+    v = decide(ev)
+    assert (v.verdict, v.headline, v.plain) == (Q3.CLAIM.judge(ev).verdict,
+                                                Q3.CLAIM.judge(ev).headline,
+                                                Q3.CLAIM.judge(ev).plain)
+
+
+def test_a_runner_up_that_flips_the_verdict_makes_it_inconclusive():
+    """The offsets' Q3: at 0.01 log_length is worse at 4n (refuted); scaled_dot at its
+    runner-up 0.03 generalizes worse (0.65), and log_length then reads better."""
+    ev = length(0.30, 0.43, scaled_alt=0.65)
+    assert Q3.CLAIM.judge(ev).verdict == V.REFUTED
+    v = decide(ev)
+    assert v.verdict == V.INCONCLUSIVE
+    assert "scaled_dot (all) at 0.03" in v.headline and "refuted at the chosen LRs" in v.headline
+    assert "supported" in v.because and L.RULE.strip() in v.rule
+    assert v.numbers.keys() == Q3.CLAIM.judge(ev).numbers.keys()  # the figure still draws
+    assert_reads_as(v, V.INCONCLUSIVE, "Q3")
+
+
+def test_a_verdict_that_holds_at_every_reading_is_kept():
+    ev = length(0.30, 0.43, scaled_alt=0.32, log_alt=0.45)
+    v = decide(ev)
+    assert v.verdict == V.REFUTED == Q3.CLAIM.judge(ev).verdict
+    assert "3 readings, 2 arms" in v.because  # each alone and both together
+    assert "runner-up LR" in v.plain[-1]
+
+
+def test_tables_of_the_same_runs_switch_together():
+    """loss, accuracy and answer weight at every length read the same runs: one group per arm
+    (here scaled_dot at n=128 only has a runner-up, and the other lengths carry none)."""
+    ev = length(0.30, 0.43, scaled_alt=0.65)
+    groups = L.switchable(ev)
+    assert len(groups) == 1
+    (paths,) = groups.values()
+    assert paths == [("loss", "n=128", "all", "scaled_dot")]
+    switched = L.switched(ev, paths)
+    assert switched["loss"]["n=128"]["all"]["scaled_dot"]["values"]["0"] == pytest.approx(
+        0.65 + 0.01 * (0 - 2))
+    assert switched["loss"]["n=128"]["all"]["log_length"] == ev.model_dump()["loss"]["n=128"][
+        "all"]["log_length"]
+
+
+def test_many_arms_are_switched_one_at_a_time_and_all_together():
+    few = [("c", f"a{i}", (), ()) for i in range(L.MAX_PRODUCT)]
+    assert len(L.readings(few)) == 2 ** L.MAX_PRODUCT - 1
+    many = [("c", f"a{i}", (), ()) for i in range(L.MAX_PRODUCT + 1)]
+    combos = L.readings(many)
+    assert len(combos) == len(many) + 1 and combos[-1] == tuple(many)
+
+
+def test_at_runner_up_swaps_values_and_lrs():
+    a = Arm.model_validate(arm([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]))
+    b = a.at_runner_up()
+    assert b.values == a.alt and b.lrs == a.alt_lrs and not b.alt
+    plain = Arm.model_validate(arm([1.0, 2.0, 3.0]))
+    assert plain.at_runner_up() is plain
+
+
+def test_a_rule_that_raises_on_a_reading_raises():
+    ev = length(0.30, 0.43, scaled_alt=0.65)
+    calls = []
+    def judge(e):
+        calls.append(e)
+        if len(calls) > 1:
+            raise ZeroDivisionError("a bug in the rule")
+        return Q3.CLAIM.judge(e)
+    with pytest.raises(ZeroDivisionError):
+        L.decide(judge, Q3.CLAIM.read, ev)
