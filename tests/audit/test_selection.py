@@ -276,6 +276,12 @@ def test_grid_runner_ups_come_from_the_other_seeds():
     assert S.loo_runner_ups(runs, chosen) == dict.fromkeys(range(5), 1e-1)
     v = S.arm_values(study(), runs, (), "dot")
     assert v.alt == pytest.approx({s: table[s][1e-1] for s in range(5)})
+    # leave-one-out: seed 0 alone puts 0.1 far below (a lucky seed) and is never its own judge;
+    # the other seeds all put it 0.5 above, so seed 0's runner-up is clearly worse, while for
+    # every other seed, seed 0 is among the judges and breaks the bound
+    lucky = {s: {**row, 1e-1: 0.5 if s == 0 else 1.5} for s, row in table.items()}
+    chosen = {s: 1e-2 for s in range(5)}
+    assert S.loo_runner_ups(grid_runs(lucky), chosen) == dict.fromkeys(range(1, 5), 1e-1)
     apart = {s: {**row, 1e-1: 1.5} for s, row in table.items()}
     assert S.loo_runner_ups(grid_runs(apart), chosen) == {}
     assert S.arm_values(study(), grid_runs(apart), (), "dot").alt == {}

@@ -47,8 +47,9 @@ class Model(BaseModel):
 
 class Arm(Model):
     """One arm in one cell: a value per reported seed (keys are seeds as strings), the LR each
-    was read at, whether that LR choice is censored (best LR at the grid's edge), and the
-    tuning curve LR -> mean clipped loss."""
+    was read at, whether that LR choice is censored (best LR at the grid's edge), the tuning
+    curve LR -> mean clipped loss, the same seeds at the runner-up LR (``alt``, see
+    :mod:`attnscale.audit.selection`) and which runs it reads (``source``)."""
 
     values: dict[str, float]
     lrs: dict[str, float] = {}
@@ -58,6 +59,7 @@ class Arm(Model):
     # choice (:mod:`attnscale.audit.selection`); empty when no seed has one
     alt: dict[str, float] = {}
     alt_lrs: dict[str, float] = {}
+    source: list[str] = []  # [study, cell, arm]: the runs it reads (tables of them share it)
 
     def at_runner_up(self) -> Arm:
         """This arm read at its runner-up LR (itself when it has none)."""
@@ -198,7 +200,8 @@ def arms_table(study: Study, runs: list[Run],
         row = {}
         for arm in study.arms:
             if any(in_cell(r, cell, arm) for r in runs):
-                row[arm] = arm_values(study, runs, cell, arm, value).to_dict()
+                row[arm] = {**arm_values(study, runs, cell, arm, value).to_dict(),
+                            "source": [study.name, cell_label(cell), arm]}
         out[cell_label(cell)] = row
     return out
 

@@ -11,16 +11,16 @@ per-seed values at it. Pure functions of stored run dicts (see :mod:`attnscale.l
 The clipped loss is Wortsman et al. 2023's (arXiv 2309.14322): min(L_T, L₀), L₀ for a diverged
 run (:func:`attnscale.lab.analysis.clipped_loss`).
 
-**The runner-up LR.** A choice of LR is itself uncertain: two tuning seeds cannot tell apart
-two LRs that both solve a task (docs/claims.md, "The LR choice"). Each arm therefore also has a
-*runner-up*: the better grid neighbour of its chosen LR (:func:`runner_up`). A tuned study trains
-its reported seeds there too unless every tuning seed puts it more than δ = 0.02 nats above the
-choice (:func:`separated`). It is read unless it is clearly worse (:func:`clearly_worse`): the
-one-sided 95% lower bound of its paired loss gap over every seed that ran both LRs (for a grid
-study, every other seed) lies above δ, so it cannot be the best LR (a comparison with the best,
-Hsu 1984, Ann. Statist. 12(3)). :class:`ArmValues` carries the reported seeds' values at the
-runner-up beside those at the choice; the report asks that a verdict hold at both
-(:mod:`attnscale.audit.lr_choice`).
+**The runner-up LR.** A choice of LR is itself uncertain: two tuning seeds cannot tell apart two
+LRs that both solve a task (docs/claims.md, "The LR choice"). Each arm therefore also has a
+*runner-up*: the better grid neighbour of its chosen LR (:func:`runner_up`). A tuned study
+trains its reported seeds there too unless every tuning seed puts it more than δ = 0.02 nats
+above the choice (:func:`separated`). It is read unless it is clearly worse
+(:func:`clearly_worse`): the one-sided 95% lower bound of its paired loss gap over the reported
+seeds (for a grid study, every other seed; never the tuning seeds, which picked the choice) lies
+above δ, so it cannot be the best LR (a comparison with the best, Hsu 1984, Ann. Statist.
+12(3)). :class:`ArmValues` carries the reported seeds' values at the runner-up beside those at
+the choice; the report asks that a verdict hold at both (:mod:`attnscale.audit.lr_choice`).
 """
 
 from __future__ import annotations
@@ -164,8 +164,8 @@ def tuned_choice(tune_runs: Iterable[Run]) -> tuple[float, bool, dict[float, flo
 
 def loo_runner_ups(runs: Iterable[Run], chosen: Mapping[int, float]) -> dict[int, float]:
     """seed -> the runner-up of its leave-one-seed-out choice ``chosen[seed]``
-    (:func:`runner_up` on the other seeds' curve), for the seeds whose other seeds do not
-    separate the two (:func:`separated`)."""
+    (:func:`runner_up` on the other seeds' curve), for the seeds whose other seeds do not show
+    it clearly worse (:func:`clearly_worse`)."""
     table = clipped(runs)
     seeds = sorted({s for _, s in table})
     out = {}
@@ -227,8 +227,11 @@ def arm_values(
     value: Callable[[Run], float | None] | None = None,
 ) -> ArmValues:
     """Arm ``arm`` of ``cell`` at its chosen LR, one value per reported seed: ``value(run)``
-    (default: the clipped loss). The runner extends a tuned grid at an edge as far as the study
-    allows (:mod:`attnscale.audit.running`), so a tuned choice still at an edge is censored."""
+    (default: the clipped loss), and the same seeds at the runner-up LR where it is not
+    clearly worse (``alt``; a seed with no value there keeps its value at the choice, so a
+    reading at the runner-up never has fewer seeds). The runner extends a tuned grid at an
+    edge as far as the study allows (:mod:`attnscale.audit.running`), so a tuned choice
+    still at an edge is censored."""
     mine = [r for r in analysis.finished(runs) if in_cell(r, cell, arm)]
     losses = clipped(mine)
     def read(run: Run) -> float | None:
@@ -243,8 +246,8 @@ def arm_values(
         except ValueError:  # the tuning measured nothing: nothing to report
             return ArmValues({}, {}, False)
         chosen = {r["config"]["seed"]: lr for r in reported}
-        every = {*study.tune_seeds, *chosen}
-        keep = other is not None and not clearly_worse(losses, lr, other, every)
+        # the reported seeds only: the tuning seeds picked the choice, so their gaps lean up
+        keep = other is not None and not clearly_worse(losses, lr, other, chosen)
         seconds = dict.fromkeys(chosen, other) if keep else {}
         censored = edge
     else:
@@ -261,4 +264,6 @@ def arm_values(
         return values, lrs
     values, lrs = at(chosen)
     alt, alt_lrs = at({**chosen, **seconds}) if seconds else ({}, {})
+    if alt:
+        alt, alt_lrs = {**values, **alt}, {**lrs, **alt_lrs}
     return ArmValues(values, lrs, censored, curve, alt, alt_lrs)

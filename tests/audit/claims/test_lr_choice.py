@@ -17,10 +17,10 @@ from attnscale.audit.evidence import Arm, Length
 SEEDS = range(10)
 
 
-def arm(values, alt=None, lr=0.01, alt_lr=0.03):
+def arm(values, alt=None, lr=0.01, alt_lr=0.03, source=()):
     """An evidence arm: seed i at values[i] (LR ``lr``), and at ``alt_lr`` when ``alt``."""
     out = {"values": {str(s): v for s, v in zip(SEEDS, values, strict=False)},
-           "lrs": {str(s): lr for s in SEEDS[:len(values)]}}
+           "lrs": {str(s): lr for s in SEEDS[:len(values)]}, "source": list(source)}
     if alt is not None:
         out.update(alt={str(s): v for s, v in zip(SEEDS, alt, strict=False)},
                    alt_lrs={str(s): alt_lr for s in SEEDS[:len(alt)]})
@@ -30,14 +30,21 @@ def arm(values, alt=None, lr=0.01, alt_lr=0.03):
 def length(scaled, log, scaled_alt=None, log_alt=None):
     """Length evidence: eval loss per seed at n=128 (n=32 solved, n=64 equal), accuracy 0.9."""
     jitter = [0.01 * ((7 * s) % 5 - 2) for s in SEEDS]
-    def at(x, alt):
-        return arm([x + j for j in jitter], None if alt is None else [alt + j for j in jitter])
-    los = {"n=32": {"all": {"scaled_dot": at(0.01, None), "log_length": at(0.01, None)}},
-           "n=64": {"all": {"scaled_dot": at(0.10, None), "log_length": at(0.10, None)}},
-           "n=128": {"all": {"scaled_dot": at(scaled, scaled_alt),
-                             "log_length": at(log, log_alt)}}}
-    acc = {k: {"all": {a: arm([0.9] * 10) for a in ("scaled_dot", "log_length")}}
-           for k in los}
+    alts = {"scaled_dot": scaled_alt, "log_length": log_alt}
+    def at(x, name, far=False):
+        """At the shorter lengths an arm's runner-up reads as its choice does."""
+        alt = alts[name] if far or alts[name] is None else x
+        return arm([x + j for j in jitter], None if alt is None else [alt + j for j in jitter],
+                   source=("length", "all", name))
+    los = {"n=32": {"all": {"scaled_dot": at(0.01, "scaled_dot"),
+                            "log_length": at(0.01, "log_length")}},
+           "n=64": {"all": {"scaled_dot": at(0.10, "scaled_dot"),
+                            "log_length": at(0.10, "log_length")}},
+           "n=128": {"all": {"scaled_dot": at(scaled, "scaled_dot", True),
+                             "log_length": at(log, "log_length", True)}}}
+    # accuracy reads the same runs (same source): it switches with the loss
+    acc = {k: {"all": {a: arm([0.9] * 10, None if alts[a] is None else [0.9] * 10,
+                              source=("length", "all", a)) for a in alts}} for k in los}
     return Length.model_validate({"loss": los, "accuracy": acc, "answer_weight": acc,
                                   "lengths": list(los), "chance": 0.1})
 
@@ -77,18 +84,37 @@ def test_a_verdict_that_holds_at_every_reading_is_kept():
 
 
 def test_tables_of_the_same_runs_switch_together():
-    """loss, accuracy and answer weight at every length read the same runs: one group per arm
-    (here scaled_dot at n=128 only has a runner-up, and the other lengths carry none)."""
+    """loss, accuracy and answer weight at every length read the same runs (one source): one
+    group per arm, nine tables each, switched together, whatever seeds each table has."""
     ev = length(0.30, 0.43, scaled_alt=0.65)
     groups = L.switchable(ev)
-    assert len(groups) == 1
+    assert list(groups) == [("length", "all", "scaled_dot")]
     (paths,) = groups.values()
-    assert paths == [("loss", "n=128", "all", "scaled_dot")]
+    assert len(paths) == 9 and ("loss", "n=128", "all", "scaled_dot") in paths
     switched = L.switched(ev, paths)
     assert switched["loss"]["n=128"]["all"]["scaled_dot"]["values"]["0"] == pytest.approx(
         0.65 + 0.01 * (0 - 2))
     assert switched["loss"]["n=128"]["all"]["log_length"] == ev.model_dump()["loss"]["n=128"][
         "all"]["log_length"]
+    # a table of the same runs with one seed fewer is still the same arm
+    dumped = ev.model_dump()
+    for key in ("values", "lrs", "alt", "alt_lrs"):
+        dumped["accuracy"]["n=64"]["all"]["scaled_dot"][key].pop("9")
+    assert len(L.switchable(Length.model_validate(dumped))) == 1
+
+
+def test_an_undecided_verdict_keeps_its_own_explanation():
+    """Inconclusive at the chosen LRs (no effect, wide): a reading elsewhere cannot decide it,
+    and the page keeps the rule's own sentences."""
+    dumped = length(0.30, 0.30, scaled_alt=0.9).model_dump()
+    log = dumped["loss"]["n=128"]["all"]["log_length"]["values"]
+    dumped["loss"]["n=128"]["all"]["log_length"]["values"] = {
+        k: v + 0.3 * (-1) ** int(k) for k, v in log.items()}  # no effect, wide
+    ev = Length.model_validate(dumped)
+    base = Q3.CLAIM.judge(ev)
+    assert base.verdict == V.INCONCLUSIVE
+    v = decide(ev)
+    assert (v.verdict, v.headline, v.plain) == (base.verdict, base.headline, base.plain)
 
 
 def test_many_arms_are_switched_one_at_a_time_and_all_together():
