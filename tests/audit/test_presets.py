@@ -14,8 +14,8 @@ from attnscale.audit.studies import PRESETS, SEED_STRIDE, studies, with_seed_off
 def test_standard_gives_the_task_studies_their_own_seed_counts():
     p = PRESETS["standard"]
     plan = studies(p)
-    assert plan["salience"].seeds == tuple(range(5)) and plan["tau"].seeds == tuple(range(6))
-    assert plan["length"].seeds == p.task_seeds == tuple(range(10))
+    assert plan["salience"].seeds == tuple(range(5))
+    assert plan["length"].seeds == plan["tau"].seeds == p.task_seeds == tuple(range(10))
     assert plan["lr_text"].seeds == plan["head_dim"].seeds == p.seeds
 
 

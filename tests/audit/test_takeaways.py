@@ -135,7 +135,8 @@ def test_scale_caveat_names_model_steps_and_seeds():
     assert all(notes.values()) and len(notes) == 16
     assert "150 steps" in notes["C13"] and "6 seeds" in notes["C13"] and "width 16–256" in \
         notes["C13"]
-    assert "6 seeds" in notes["C4"] and "200 steps" in notes["C4"]  # seed_counts["tau"]
+    assert "10 seeds" in notes["C4"] and "200 steps" in notes["C4"]  # the tau study's
+    assert "5 seeds" in notes["C3"]  # seed_counts["salience"]
     assert "× 7 LRs" in notes["C11"]
     quick = caveats(PRESETS["quick"])
     assert quick["C13"] != notes["C13"] and "40 steps" in quick["C13"]

@@ -146,4 +146,4 @@ def decide(judge: Callable[[Any], Verdict], read: Callable[[Any], Any], ev: Any)
                "The seeds cannot separate those LRs (the runner-up is not clearly more than 0.02 "
                "nats worse than the choice), so the study cannot say which reading holds; "
                "seeds that separate them, or a comparison at matched LRs, would."],
-        regime=base.regime, smallest=base.smallest)
+        regime=base.regime, smallest=base.smallest, by_lr_choice=True)

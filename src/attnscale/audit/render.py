@@ -62,7 +62,8 @@ def judge(claim: Claim, src: Sources) -> tuple[dict[str, Any], Any]:
                 "regime": "", "smallest": "", "rule": claim.rule,
                 "because": where, "numbers": {}, "error": error}, ev
     plain = list(v.plain)
-    if v.verdict == INCONCLUSIVE and (more := seeds_sentence(jsonable(v.numbers))):
+    if v.verdict == INCONCLUSIVE and not v.by_lr_choice and (
+            more := seeds_sentence(jsonable(v.numbers))):
         plain.append(more)
     return {**entry, "verdict": v.verdict, "headline": v.headline, "plain": plain,
             "regime": v.regime, "smallest": v.smallest, "rule": v.rule, "because": v.because,

@@ -64,6 +64,9 @@ class Verdict:
     plain: list[str] = field(default_factory=list)
     regime: str = ""
     smallest: str = ""
+    # undecided because the reading changes with the LR choice (attnscale.audit.lr_choice),
+    # not for want of seeds: no seeds-to-decide figure applies
+    by_lr_choice: bool = False
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:

@@ -10,9 +10,12 @@ import pytest
 from support import assert_reads_as
 
 from attnscale.audit import lr_choice as L
+from attnscale.audit import render
 from attnscale.audit import verdicts as V
+from attnscale.audit.claim import Claim, Sources
 from attnscale.audit.claims import q3_length as Q3
 from attnscale.audit.evidence import Arm, Length
+from attnscale.audit.studies import PRESETS
 
 SEEDS = range(10)
 
@@ -73,6 +76,7 @@ def test_a_runner_up_that_flips_the_verdict_makes_it_inconclusive():
     assert "supported" in v.because and L.RULE.strip() in v.rule
     assert v.numbers.keys() == Q3.CLAIM.judge(ev).numbers.keys()  # the figure still draws
     assert_reads_as(v, V.INCONCLUSIVE, "Q3")
+    assert v.by_lr_choice and not Q3.CLAIM.judge(ev).by_lr_choice  # no seeds-to-decide line
 
 
 def test_a_verdict_that_holds_at_every_reading_is_kept():
@@ -143,3 +147,15 @@ def test_a_rule_that_raises_on_a_reading_raises():
         return Q3.CLAIM.judge(e)
     with pytest.raises(ZeroDivisionError):
         L.decide(judge, Q3.CLAIM.read, ev)
+
+
+def test_the_page_gives_no_seeds_to_decide_figure_for_an_lr_tie():
+    """An undecided LR choice is not settled by seeds at one LR: render.judge leaves out the
+    planning figure it adds to other inconclusive verdicts, and reports the LR reading."""
+    ev = length(0.30, 0.43, scaled_alt=0.65).model_dump()
+    toy = Claim("Q9", "a toy question", "what it measures", Q3.RULE, Length, lambda src: ev,
+                Q3.CLAIM.judge)
+    entry = render.judge(toy, Sources(PRESETS["tiny"], {}, {}, {}))[0]
+    assert entry["verdict"] == V.INCONCLUSIVE
+    assert entry["headline"].startswith("inconclusive: refuted at the chosen LRs")
+    assert not any("paired seeds" in p for p in entry["plain"])
