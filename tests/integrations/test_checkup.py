@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 
 from attnscale.cli import run as cli_run
 from attnscale.integrations import checkup as C
+from attnscale.measure import inspection as I
 from attnscale.measure import theory
 
 FLAGGED = 1
+OLD = C.Thresholds(std_factor=1.0, saturated_above=0.5)  # the limits before the zoo
 
 
 def result_of(*heads: dict) -> dict:
@@ -38,21 +40,29 @@ def test_a_healthy_head_has_no_flags():
     assert C.flags(result_of({})) == []
 
 
-def test_frozen_means_logit_std_above_the_rem_freezing_point():
+def test_frozen_means_the_median_row_is_one_hot_in_float32():
+    """Past 23·s_c the median row's top-two gap, ln 2 · s/s_c (extreme-value spacing), exceeds
+    ln(1/ε) of float32, 23 ln 2: frozen. Sharp heads short of it pass."""
     s_c = math.sqrt(2 * math.log(50))
     assert C.critical_std(math.log(50)) == pytest.approx(float(theory.rem_critical_scale(50)))
-    res = result_of({"logit_std": s_c * 1.01}, {"logit_std": s_c * 0.99})
+    assert C.ONE_HOT_FACTOR * math.log(2) == pytest.approx(-math.log(2.0 ** -23))
+    limit = C.ONE_HOT_FACTOR * s_c
+    res = result_of({"logit_std": limit * 1.01}, {"logit_std": limit * 0.99},
+                    {"logit_std": 5 * s_c})
     assert kinds(res) == [(0, "frozen")]
     flag = C.flags(res)[0]
-    assert (flag.value, flag.limit) == pytest.approx((s_c * 1.01, s_c))
+    assert (flag.value, flag.limit) == pytest.approx((limit * 1.01, limit))
     assert "layer 0 head 0: frozen" in flag.message()
-    assert kinds(res, C.Thresholds(std_factor=1.5)) == []
+    assert kinds(res, C.Thresholds(std_factor=1.0)) == [(0, "frozen"), (1, "frozen"),
+                                                        (2, "frozen")]
+    assert kinds(res, C.Thresholds(std_factor=30.0)) == []
 
 
 def test_near_uniform_and_saturated_heads():
     res = result_of({"entropy_normalized": 0.995}, {"entropy_normalized": 0.985},
                     {"saturated_fraction": 0.6}, {"saturated_fraction": 0.4})
-    assert kinds(res) == [(0, "uniform"), (2, "saturated")]
+    assert kinds(res) == [(0, "uniform")]  # saturation flags only when asked
+    assert kinds(res, OLD) == [(0, "uniform"), (2, "saturated")]
     assert kinds(res, C.Thresholds(uniform_above=0.98, saturated_above=0.3)) == [
         (0, "uniform"), (1, "uniform"), (2, "saturated"), (3, "saturated")]
     assert kinds(res, C.Thresholds(uniform_above=1.0, saturated_above=1.0)) == []
@@ -150,7 +160,8 @@ def save_tiny_bert(folder: Path, qk_std: float | None) -> Path:
     """A 2-layer, 2-head BERT (hidden 32, head dim 16) with a character vocabulary. Its q and k
     weights are drawn with std ``qk_std`` (None: BERT's init, std 0.02), so a logit has std
     of order 32·qk_std²: measured on the default sentences (about 44 tokens, s_c ≈ 2.75),
-    0.23 gives 0.36–0.44·s_c (H/ln n 0.6–0.93), 1.0 gives 7–8·s_c, the init 0.004·s_c."""
+    0.23 gives 0.36–0.44·s_c (H/ln n 0.6–0.93), 1.0 gives 7–8·s_c, 2.0 about 30·s_c (past the
+    one-hot limit of 23·s_c), the init 0.004·s_c."""
     import torch
     import transformers
 
@@ -178,7 +189,7 @@ def berts(tmp_path_factory) -> dict[str, Path]:
     pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("berts")
     return {name: save_tiny_bert(root / name, std)
-            for name, std in (("healthy", 0.23), ("sharp", 1.0), ("init", None))}
+            for name, std in (("healthy", 0.23), ("sharp", 2.0), ("init", None))}
 
 
 def check_json(args: list[str], capsys) -> tuple[int, dict]:
@@ -198,7 +209,7 @@ def test_a_healthy_model_exits_0(berts, capsys):
 
 
 def test_sharp_heads_are_frozen_and_saturated_and_exit_1(berts, capsys):
-    code, res = check_json([str(berts["sharp"])], capsys)
+    code, res = check_json([str(berts["sharp"]), "--saturated-above", "0.5"], capsys)
     assert code == FLAGGED and not res["healthy"]
     found = {(f["layer"], f["head"], f["kind"]) for f in res["flags"]}
     assert {(layer, head, "frozen") for layer in (0, 1) for head in (0, 1)} <= found
@@ -260,19 +271,20 @@ def minilm_text(tmp_path_factory) -> Path:
     return path
 
 
-def test_minilm_flags_its_sink_head_and_passes_with_looser_limits(minilm_text, capsys):
-    """MiniLM's layer 0 head 2 puts nearly all weight on one key in every row (a learned no-op
-    head); several heads sit past s_c. With those rules relaxed it exits 0."""
+def test_minilm_passes_and_the_old_limits_flag_its_sink_head(minilm_text, capsys):
+    """MiniLM as shipped is healthy: it exits 0. Its layer 0 head 2 puts nearly all weight on
+    one key in every row (a learned no-op head) and several heads sit past s_c, so the limits
+    before the zoo (1·s_c, saturated rows > 50%) flagged it."""
     code, res = check_json(["minilm", "--text", str(minilm_text)], capsys)
-    assert code == FLAGGED and res["model"] == "all-MiniLM-L6-v2"
+    assert (code, res["flags"], res["model"]) == (0, [], "all-MiniLM-L6-v2")
+    assert res["thresholds"] == {"std_factor": C.ONE_HOT_FACTOR, "uniform_above": 0.99,
+                                 "saturated_above": 1.0}
+    code, res = check_json(["minilm", "--text", str(minilm_text), "--std-factor", "1",
+                            "--saturated-above", "0.5"], capsys)
+    assert code == FLAGGED
     found = {(f["layer"], f["head"], f["kind"]) for f in res["flags"]}
     assert (0, 2, "saturated") in found and (0, 2, "frozen") in found
     assert not any(kind in ("uniform", "nonfinite") for _, _, kind in found)
-    code, res = check_json(["minilm", "--text", str(minilm_text), "--std-factor", "10",
-                            "--saturated-above", "1"], capsys)
-    assert (code, res["flags"]) == (0, [])
-    assert res["thresholds"] == {"std_factor": 10.0, "uniform_above": 0.99,
-                                 "saturated_above": 1.0}
 
 
 # -- --skip-head: accepted heads are shown, marked, and change nothing ------------------------
@@ -315,7 +327,7 @@ def test_a_lone_string_is_not_a_list_of_heads():
 
 def test_skipped_heads_move_their_flags_and_replace_earlier_skips():
     res = checked(result_of({"logit_std": 9.0, "saturated_fraction": 0.6}, {},
-                            {"entropy_normalized": 0.995}))
+                            {"entropy_normalized": 0.995}), OLD)
     every = res["flags"]
     assert [(f["head"], f["kind"]) for f in every] == [
         (0, "frozen"), (0, "saturated"), (2, "uniform")]
@@ -333,7 +345,7 @@ def test_skipped_heads_move_their_flags_and_replace_earlier_skips():
 def test_no_skip_hides_non_finite_logits():
     """A skipped head with NaN or inf logits is broken, not a known quirk: still flagged."""
     res = checked(result_of({"logit_std": math.nan, "max_abs_logit": math.inf},
-                            {"saturated_fraction": 0.6}))
+                            {"saturated_fraction": 0.6}), OLD)
     C.apply_skips(res, ["0.0", "0.1"])
     assert [(f["head"], f["kind"]) for f in res["flags"]] == [(0, "nonfinite")]
     assert [(f["head"], f["kind"]) for f in res["skipped_flags"]] == [(1, "saturated")]
@@ -420,16 +432,111 @@ def test_bad_skip_head_exits_2_with_one_line(value, words, runs, berts, capsys, 
 
 
 def test_minilm_passes_with_every_flagged_head_skipped(minilm_text, capsys):
-    """Whatever heads the defaults flag on MiniLM, accepting exactly those exits 0; accepting
-    all but one still exits 1."""
-    code, plain = check_json(["minilm", "--text", str(minilm_text)], capsys)
+    """Whatever heads the limits before the zoo flag on MiniLM, accepting exactly those exits 0;
+    accepting all but one still exits 1."""
+    old = ["--std-factor", "1", "--saturated-above", "0.5"]
+    code, plain = check_json(["minilm", "--text", str(minilm_text), *old], capsys)
     flagged = heads_flagged(plain)
     assert code == FLAGGED and "0.2" in flagged  # its sink head, at least
-    code, res = check_json(["minilm", "--text", str(minilm_text), *skip_args(flagged)], capsys)
+    code, res = check_json(["minilm", "--text", str(minilm_text), *old, *skip_args(flagged)],
+                           capsys)
     assert (code, res["healthy"], res["flags"], res["skip_heads"]) == (0, True, [], flagged)
     assert res["skipped_flags"] == plain["flags"]
-    code = cli_run(["check", "minilm", "--text", str(minilm_text), *skip_args(flagged[1:])])
+    code = cli_run(["check", "minilm", "--text", str(minilm_text), *old,
+                    *skip_args(flagged[1:])])
     out = capsys.readouterr().out
     assert code == FLAGGED and out.splitlines()[-1].startswith("flagged: ")
     assert sum(cell.startswith("skipped") for cell in flags_column(out).values()) == len(
         flagged) - 1
+
+
+# -- tokenizers without a pad token, folders without a tokenizer ------------------------------
+
+
+def save_tiny_gpt2(folder: Path, tokenizer: bool = True, eos: bool = True) -> Path:
+    """A 2-layer GPT-2 (hidden 32) with a word-level tokenizer that, like GPT-2's and Llama's,
+    has no pad token (and, with ``eos=False``, no end-of-sequence token either)."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder.mkdir(parents=True)
+    words = ["<unk>", "<eos>", *sorted({w for s in I.default_sentences() for w in s.split()})]
+    vocab = {w: i for i, w in enumerate(words[:400])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if tokenizer:
+        tok = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=core, unk_token="<unk>", **({"eos_token": "<eos>"} if eos else {}))
+        assert tok.pad_token is None
+        tok.save_pretrained(folder)
+    cfg = transformers.GPT2Config(vocab_size=len(vocab), n_embd=32, n_layer=2, n_head=2,
+                                  n_positions=128)
+    torch.manual_seed(0)
+    transformers.GPT2Model(cfg).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@pytest.mark.parametrize("eos", [True, False])
+def test_a_tokenizer_without_a_pad_token_is_checked(eos, tmp_path, capsys):
+    """GPT-2's tokenizer has no pad token: check pads with EOS (padding never counts), or,
+    without EOS either, runs the inputs one at a time; the numbers agree either way."""
+    pytest.importorskip("transformers")
+    folder = save_tiny_gpt2(tmp_path / "gpt2", eos=eos)
+    code, res = check_json([str(folder)], capsys)
+    assert code in (0, 1) and res["n_sentences"] == 64
+    if eos:  # the same inputs one at a time measure the same heads
+        one = C.check_model(str(folder), batch_size=1)
+        for a, b in zip(res["layers"], one["layers"], strict=True):
+            for ha, hb in zip(a["heads"], b["heads"], strict=True):
+                assert ha["logit_std"] == pytest.approx(hb["logit_std"], rel=1e-4)
+                assert ha["entropy_normalized"] == pytest.approx(hb["entropy_normalized"],
+                                                                 rel=1e-4)
+
+
+def test_a_folder_without_a_tokenizer_is_one_line_and_exit_2(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    folder = save_tiny_gpt2(tmp_path / "bare", tokenizer=False)
+    code = cli_run(["check", str(folder)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "has no tokenizer" in err and "save_pretrained" in err
+
+
+def test_a_skip_file_accepts_its_heads_and_names_a_bad_line(berts, tmp_path, capsys):
+    code, plain = check_json([str(berts["sharp"])], capsys)
+    flagged = heads_flagged(plain)
+    assert code == FLAGGED and len(flagged) >= 2
+    listed = tmp_path / "known_heads.txt"
+    listed.write_text(f"# sharp heads we accept\n{flagged[0]}   # the first\n\n"
+                      + "\n".join(flagged[1:]) + "\n")
+    code, res = check_json([str(berts["sharp"]), "--skip-file", str(listed)], capsys)
+    assert (code, res["healthy"], res["skip_heads"]) == (0, True, flagged)
+    # a file and a flag add up
+    partial = tmp_path / "one_head.txt"
+    partial.write_text(flagged[0] + "\n")
+    code, res = check_json([str(berts["sharp"]), "--skip-file", str(partial),
+                            *skip_args(flagged[1:])], capsys)
+    assert (code, res["skip_heads"]) == (0, flagged)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("0.1\nlayer two\n")
+    assert cli_run(["check", str(berts["sharp"]), "--skip-file", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--skip-file line 2" in err
+    assert C.read_skip_file(listed) == flagged
+
+
+def test_growth_flags_compare_each_head_with_its_baseline():
+    now = result_of({"logit_std": 2.1}, {"logit_std": 1.9}, {"logit_std": math.nan},
+                    {"logit_std": 5.0})
+    then = result_of({"logit_std": 1.0}, {"logit_std": 1.0}, {"logit_std": 1.0},
+                     {"logit_std": 0.0})
+    found = C.growth_flags(now, then)
+    assert [(f.head, f.kind) for f in found] == [(0, "grew")]
+    assert (found[0].value, found[0].limit) == pytest.approx((2.1, C.GROWTH))
+    assert "grew: logit std 2.10× the baseline's same head" in found[0].message()
+    assert [f.head for f in C.growth_flags(now, then, growth=1.5)] == [0, 1]
+    with pytest.raises(ValueError, match="baseline: the reference has"):
+        C.growth_flags(now, result_of({}))
+    with pytest.raises(ValueError, match="growth"):
+        C.growth_flags(now, then, growth=0.5)

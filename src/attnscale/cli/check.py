@@ -32,7 +32,8 @@ def check_command(
         "--plot", help=f"Write {C.PLOT_NAME} (logit std / s_c against H/ln n) here.")] = None,
     max_tokens: Annotated[int, typer.Option(min=2, help="Truncate inputs to this.")] = 128,
     std_factor: Annotated[float, typer.Option(
-        min=0.0, help="Flag logit std above this × s_c = √(2 ln n).")] = DEFAULTS.std_factor,
+        min=0.0, help="Flag logit std above this × s_c = √(2 ln n) (23: the median row is "
+        "one-hot in float32).")] = DEFAULTS.std_factor,
     uniform_above: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="Flag entropy / ln n above this.")] = DEFAULTS.uniform_above,
     saturated_above: Annotated[float, typer.Option(
@@ -42,28 +43,49 @@ def check_command(
         "--skip-head", metavar="L.H", help="Accept a known head, e.g. 0.2 (layer 0, head 2; "
         "repeatable): still in the table, marked skipped, flagged only for non-finite logits.")
     ] = None,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", metavar="REF", help="A reference checkpoint of the same architecture "
+        "('minilm' or a folder): flag heads whose logit std grew past --growth times its.")
+    ] = None,
+    growth: Annotated[float, typer.Option(
+        min=1.0, help="With --baseline: flag a logit std above this × the reference head's.")
+    ] = C.GROWTH,
+    skip_file: Annotated[str | None, typer.Option(
+        "--skip-file", metavar="FILE", help="Accept the heads listed in FILE, one L.H a line "
+        "(# starts a comment); adds to --skip-head.")] = None,
 ) -> None:
     """Is this checkpoint's attention healthy? inspect's per-head table, then one line per flag.
 
-    Frozen: logit std above s_c = √(2 ln n), where the softmax of n Gaussian logits freezes.
-    Near-uniform: entropy / ln n above 0.99. Saturated: most rows put > 0.9 on one key.
+    Frozen: logit std above 23 × s_c, s_c = √(2 ln n) where the softmax of n Gaussian logits
+    freezes; past it the median row is one-hot to float32 precision (sharp healthy heads sit
+    at a few s_c). Near-uniform: entropy / ln n above 0.99 (an untrained head). Saturated (only
+    with --saturated-above below 1): that share of rows put > 0.9 on one key.
     Exit status 0 when no head is flagged, 1 when one is, 2 on bad input. Heads given with
-    --skip-head stay in the table, marked skipped, and neither flag nor change the exit status,
-    unless their logits are NaN or inf.
+    --skip-head or listed in --skip-file stay in the table, marked skipped, and neither flag
+    nor change the exit status, unless their logits are NaN or inf.
     Only safetensors weights are read; pickle checkpoints are refused, never loaded.
     """
     C.check_weights(path)  # a pickle-only folder fails here, before anything is read from it
+    if baseline is not None:
+        try:
+            C.check_weights(baseline)
+        except ValueError as e:
+            raise ValueError(f"--baseline: {e}") from e
     if text is not None:
         check_input_file("--text", text)
     folder = check_output_folder("--plot", plot) if plot is not None else None
     thresholds = C.Thresholds(std_factor, uniform_above, saturated_above)
     skip = C.heads_of(skip_head or [], "--skip-head")  # malformed: before the model runs
+    if skip_file is not None:
+        check_input_file("--skip-file", skip_file)
+        skip |= C.heads_of(C.read_skip_file(skip_file), "--skip-file")
     sentences = I.sentences_from_file(text) if text is not None else None
     with console.status(f"checking {path}"):
         result = C.check_model(path, sentences, thresholds=thresholds, max_tokens=max_tokens,
                                source=None if text is None else f"{len(sentences)} lines of "
-                               f"{text}")
-    C.apply_skips(result, skip, "--skip-head")  # a head the model lacks: exit 2 here
+                               f"{text}", baseline=baseline, growth=growth)
+    named = "--skip-head" if skip_file is None else "--skip-head/--skip-file"
+    C.apply_skips(result, skip, named)  # a head the model lacks: exit 2 here
     if folder is not None:
         console.print(f"wrote {C.plot_check(result, folder)}", soft_wrap=True)
     if as_json:

@@ -6,26 +6,34 @@ machinery of ``attnscale inspect`` (:func:`attnscale.measure.inspection.resolve_
 keeps inspect's per-head statistics plus the fraction of saturated rows, and :func:`flags` marks
 the heads that break one of these rules (defaults in :class:`Thresholds`):
 
-* ``frozen``: logit std s > f·s_c with s_c = √(2 ln n) (f = 1). For n i.i.d. N(0, s²) logits the
-  softmax is Derrida's Random Energy Model (Derrida 1981), which freezes at s_c: past it the
-  weight condenses on a vanishing fraction of the keys
-  (:func:`attnscale.measure.theory.rem_critical_scale`). Per head, ln n is the mean over its
-  query rows of ln n_i, n_i the keys row i sees (inspect's "ln n" column).
+* ``frozen``: logit std s > f·s_c with s_c = √(2 ln n) and f = :data:`ONE_HOT_FACTOR` (23).
+  For n i.i.d. N(0, s²) logits the softmax is Derrida's Random Energy Model (Derrida 1981),
+  which freezes at s_c (:func:`attnscale.measure.theory.rem_critical_scale`): past it the weight
+  condenses on a few keys. Sharp heads of healthy trained models sit past s_c by design
+  (all-MiniLM-L6-v2 has heads at up to 4.7·s_c), so s_c alone is no alarm. What is broken is a
+  head whose rows are one-hot to machine precision: the gap between a row's two largest logits
+  is, by extreme-value theory, s/s_c times a standard exponential, so the median row's gap is
+  ln 2 · s/s_c; past ln(1/ε) = 23 ln 2 nats (float32's ε = 2⁻²³) every other weight underflows
+  against the top one and no gradient reaches those keys. That median gap reaches it at
+  s/s_c = 23. Per head, ln n is the mean over its query rows of ln n_i, n_i the keys row i sees
+  (inspect's "ln n" column). Calibrated on a labelled zoo (:mod:`attnscale.integrations.zoo`,
+  README): MiniLM as shipped passes, its layer-3 q and k scaled by 10 or 30 do not.
 * ``uniform``: entropy / ln n above 0.99. Below s_c the exact Gaussian-logit entropy is
   H/ln n ≈ 1 − (s/s_c)² (:func:`attnscale.measure.theory.expected_entropy` gives 0.990–0.991 at
   s = s_c/10 for n = 10…128), so 0.99 means logits spread less than a tenth of the freezing
   scale: the head averages its keys, as a head at init does (weights of std 0.02 give s ≈ 0.01).
-* ``saturated``: more than half of the head's query rows put more than
-  :data:`attnscale.measure.stats.SATURATION` (0.9) of their weight on one key. The slope of the
-  winning weight, ∂p/∂ℓ = p(1 − p), is then below 0.09, a quarter of its value at p = ½, so
-  little gradient reaches those logits: the entropy collapse that Zhai et al. 2023
-  (arXiv:2303.06296) and Wortsman et al. 2023 (arXiv:2309.14322) tie to unstable training.
-  "More than half" is a convention: most of the head's rows are one-key lookups.
+* ``saturated`` (off by default: ``saturated_above`` = 1): more than a given share of the head's
+  query rows put more than :data:`attnscale.measure.stats.SATURATION` (0.9) of their weight on
+  one key. The slope of the winning weight, ∂p/∂ℓ = p(1 − p), is then below 0.09, a quarter of
+  its value at p = ½: the entropy collapse that Zhai et al. 2023 (arXiv:2303.06296) and
+  Wortsman et al. 2023 (arXiv:2309.14322) tie to unstable training. But healthy models keep
+  such heads on purpose (MiniLM's layer-0 head 2 puts nearly all its weight on one key in every
+  row), so it only flags when asked (``--saturated-above 0.5``: most rows are one-key lookups).
 * ``nonfinite``: the logits hold NaN or inf (weights that diverged).
 
-Known heads can be accepted (:func:`apply_skips`, ``attnscale check --skip-head L.H``): their
-flags move to ``skipped_flags`` and no longer make the model unhealthy; the heads stay in the
-record, marked ``skipped``.
+Known heads can be accepted (:func:`apply_skips`, ``attnscale check --skip-head L.H``, or a file
+of them, ``--skip-file``, :func:`read_skip_file`): their flags move to ``skipped_flags`` and no
+longer make the model unhealthy; the heads stay in the record, marked ``skipped``.
 
 Pickle checkpoints (``pytorch_model.bin``, ``*.pt``, ``*.ckpt``, ...) are never loaded:
 unpickling runs arbitrary code. :func:`check_weights` refuses a folder without safetensors
@@ -48,23 +56,32 @@ from attnscale.measure import inspection as I
 from attnscale.measure.stats import SATURATION
 from attnscale.util.validate import check_float, check_int
 
-__all__ = ["FLAG_KINDS", "Flag", "Thresholds", "apply_skips", "check_model", "check_weights",
-           "critical_std", "flags", "head_of", "heads_of", "mark_flags", "measure_heads", "number",
-           "plot_check"]
+__all__ = ["FLAG_KINDS", "GROWTH", "ONE_HOT_FACTOR", "Flag", "Thresholds", "apply_skips",
+           "check_model", "check_weights", "critical_std", "flags", "growth_flags", "head_of",
+           "heads_of", "mark_flags", "measure_heads", "number", "plot_check", "read_skip_file"]
 
-FLAG_KINDS = ("nonfinite", "frozen", "uniform", "saturated")
+FLAG_KINDS = ("nonfinite", "frozen", "uniform", "saturated", "grew")
+# --baseline: a head whose logit std more than doubled against the same head of a reference
+# checkpoint, i.e. whose softmax now acts at under half the temperature (a convention: the
+# zoo's healthy MiniLM against itself reads 1.0, its layer 3 with q, k × 3 reads 9)
+GROWTH = 2.0
 PLOT_NAME = "attention_check.png"
 HEAD_SPEC = re.compile(r"([0-9]+)\.([0-9]+)")  # "L.H": layer L, head H, both 0-based
+
+
+# s/s_c at which the median row's top-two logit gap, ln 2 · s/s_c, reaches ln(1/ε) of float32
+# (23 ln 2): the row is one-hot to machine precision (module docstring)
+ONE_HOT_FACTOR = 23.0
 
 
 @dataclass(frozen=True)
 class Thresholds:
     """When a head is flagged (module docstring): logit std > ``std_factor``·s_c, entropy/ln n
-    > ``uniform_above``, saturated fraction of rows > ``saturated_above``."""
+    > ``uniform_above``, saturated fraction of rows > ``saturated_above`` (1: never)."""
 
-    std_factor: float = 1.0
+    std_factor: float = ONE_HOT_FACTOR
     uniform_above: float = 0.99
-    saturated_above: float = 0.5
+    saturated_above: float = 1.0
 
     def __post_init__(self) -> None:
         check_float("std_factor", self.std_factor, low=0.0)
@@ -90,13 +107,16 @@ class Flag:
         if self.kind == "frozen":
             return (f"{where}: frozen: logit std {self.value:.2f} > {self.limit:.2f} "
                     f"(std_factor × s_c, s_c = √(2 ln n) the REM freezing point at its input "
-                    f"length)")
+                    f"length; past 23 × s_c the median row is one-hot in float32)")
         if self.kind == "uniform":
             return (f"{where}: near-uniform: entropy / ln n {self.value:.3f} > {self.limit:.3g} "
                     f"(the head averages its keys)")
         if self.kind == "saturated":
             return (f"{where}: saturated: {self.value:.0%} of rows put > {SATURATION:g} of their "
                     f"weight on one key (limit {self.limit:.0%})")
+        if self.kind == "grew":
+            return (f"{where}: grew: logit std {self.value:.2f}× the baseline's same head "
+                    f"(limit {self.limit:g}×)")
         return f"{where}: logits not finite (max |logit| {self.value})"
 
 
@@ -143,6 +163,27 @@ def flags(result: dict[str, Any], thresholds: Thresholds | None = None) -> list[
     return out
 
 
+def growth_flags(result: dict[str, Any], reference: dict[str, Any], growth: float = GROWTH,
+                 name: str = "baseline") -> list[Flag]:
+    """A ``grew`` flag for each head whose logit std is more than ``growth`` times the same
+    head's in ``reference`` (both results of the same inputs; reads ``layers`` only).
+    ValueError naming ``name`` when the two do not have the same heads."""
+    check_float("growth", growth, low=1.0)
+    def shape(r: dict[str, Any]) -> list[int]:
+        return [len(layer["heads"]) for layer in r["layers"]]
+    if shape(result) != shape(reference):
+        raise ValueError(f"{name}: the reference has {shape(reference)} heads per layer, the "
+                         f"model {shape(result)}: not checkpoints of one architecture")
+    out = []
+    for now_layer, then_layer in zip(result["layers"], reference["layers"], strict=True):
+        for now, then in zip(now_layer["heads"], then_layer["heads"], strict=True):
+            a, b = number(now["logit_std"]), number(then["logit_std"])
+            if math.isfinite(a) and math.isfinite(b) and b > 0 and a > growth * b:
+                out.append(Flag(int(now_layer["layer"]), int(now["head"]), "grew", a / b,
+                                growth))
+    return out
+
+
 def head_of(spec: str | tuple[int, int], name: str = "skip_heads") -> tuple[int, int]:
     """(layer, head) of ``spec``: the text "L.H" (0-based, as the check table numbers them, e.g.
     "0.2") or a pair of ints. ValueError / TypeError naming ``name`` otherwise."""
@@ -168,6 +209,19 @@ def heads_of(heads: Iterable[str | tuple[int, int]], name: str = "skip_heads"
     if isinstance(heads, str):
         raise TypeError(f"{name} must be a list of 'L.H' strings, not the string {heads!r}")
     return {head_of(h, name) for h in heads}
+
+
+def read_skip_file(path: str | Path, name: str = "--skip-file") -> list[str]:
+    """The heads listed in a skip file: one ``L.H`` a line (as :func:`head_of` reads it); text
+    after ``#`` is a comment, blank lines are ignored. ValueError naming ``name`` and the line
+    for a malformed entry."""
+    heads = []
+    for number_, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        entry = line.split("#", 1)[0].strip()
+        if entry:
+            head_of(entry, f"{name} line {number_}")
+            heads.append(entry)
+    return heads
 
 
 def apply_skips(result: dict[str, Any], heads: Iterable[str | tuple[int, int]],
@@ -230,6 +284,8 @@ def check_model(
     max_tokens: int = I.MAX_TOKENS,
     batch_size: int = 16,
     skip_heads: Iterable[str | tuple[int, int]] = (),
+    baseline: str | None = None,
+    growth: float = GROWTH,
 ) -> dict[str, Any]:
     """Run ``model`` ("minilm" or a local folder) on ``sentences`` (default: the fixed
     :func:`attnscale.measure.inspection.default_sentences`) and flag its heads.
@@ -239,10 +295,15 @@ def check_model(
     and ``critical_std``) with ``inputs`` (``source``, else what the default inputs are),
     ``thresholds``, ``flags`` (dicts of :class:`Flag` plus ``message``) and ``healthy``, less
     the heads of ``skip_heads`` (:func:`apply_skips`: ``skipped_flags``, ``skip_heads``).
+    With ``baseline`` (a reference checkpoint of the same architecture, "minilm" or a folder),
+    the reference runs on the same inputs and heads whose logit std grew more than ``growth``
+    times get a ``grew`` flag (:func:`growth_flags`); ``baseline`` records it.
     """
     thresholds = Thresholds() if thresholds is None else thresholds
     skip = heads_of(skip_heads)  # a malformed head fails before the model runs
     path = check_weights(model)  # before any load: a pickle-only folder is never opened
+    reference = check_weights(baseline) if baseline is not None else None
+    check_float("growth", growth, low=1.0)
     default = sentences is None
     sentences = I.default_sentences() if default else list(sentences)
     if not sentences or not all(isinstance(s, str) for s in sentences):
@@ -263,6 +324,10 @@ def check_model(
         "layers": layers,
     }
     found = flags(result, thresholds)
+    if reference is not None:
+        _, ref_layers = measure_heads(reference, sentences, max_tokens, batch_size)
+        found += growth_flags(result, {"layers": ref_layers}, growth)
+        result["baseline"] = {"path": str(reference), "growth": growth, "layers": ref_layers}
     result["flags"] = [{**asdict(f), "message": f.message()} for f in found]
     return apply_skips(result, skip)
 

@@ -122,15 +122,22 @@ def monitored_stats(path: Path, sentences: list[str], max_tokens: int = MAX_TOKE
     ``path`` on ``sentences``: batches of ``batch_size``, truncated to ``max_tokens``, padding
     query rows left out (``Monitor.query_mask``)."""
     hf_model, tokenizer = load_model(path)
+    pads = can_pad(tokenizer)
+    step = batch_size if pads else 1  # nothing to pad with: one input at a time
     n_tokens = 0
     with torch.no_grad(), Monitor(hf_model, counterfactuals=True) as mon:
-        for start in range(0, len(sentences), batch_size):
-            batch = tokenizer(sentences[start : start + batch_size], padding=True,
+        for start in range(0, len(sentences), step):
+            batch = tokenizer(sentences[start : start + step], padding=pads,
                               truncation=True, max_length=max_tokens, return_tensors="pt")
             mon.query_mask = batch["attention_mask"].bool()
             n_tokens += int(batch["attention_mask"].sum())
             hf_model(**batch)
     return n_tokens, (mon.stats(), mon.stats("dot"), mon.stats("cosine_tau1"))
+
+
+# Files of which at least one holds a Hugging Face tokenizer (fast, WordPiece, BPE, SentencePiece)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                   "spiece.model", "tokenizer.model")
 
 
 def load_model(path: Path) -> tuple[Any, Any]:
@@ -144,10 +151,25 @@ def load_model(path: Path) -> tuple[Any, Any]:
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"PATH {str(path)!r} has no tokenizer (none of "
+                         f"{', '.join(TOKENIZER_FILES)}); save one beside the weights with "
+                         f"tokenizer.save_pretrained(PATH)")
     model = AutoModel.from_pretrained(path, local_files_only=True, use_safetensors=True,
                                       attn_implementation="sdpa").eval()
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return model, tokenizer
+
+
+def can_pad(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` can pad a batch, giving it its end-of-sequence token as the pad
+    token when it has none (GPT-2 and Llama tokenizers ship without one). Padded positions
+    never count: the attention mask hides them as keys and the monitor's query mask drops
+    their rows, so which token pads does not change a statistic. False when there is no EOS
+    token either: then inputs go one at a time, unpadded."""
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer.pad_token is not None
 
 
 def head_rows(actual: dict, unscaled: dict, cosine: dict) -> list[dict[str, Any]]:
