@@ -19,7 +19,7 @@ from attnscale.measure import inspection as I
 from attnscale.measure import theory
 
 FLAGGED = 1
-OLD = C.Thresholds(std_factor=1.0, saturated_above=0.5)  # the limits before the zoo
+OLD = C.Thresholds(std_factor=1.0, saturated_above=0.5, uniform_share=0.0)  # before the zoo
 
 
 def result_of(*heads: dict) -> dict:
@@ -61,11 +61,22 @@ def test_frozen_means_the_median_row_is_one_hot_in_float32():
 def test_near_uniform_and_saturated_heads():
     res = result_of({"entropy_normalized": 0.995}, {"entropy_normalized": 0.985},
                     {"saturated_fraction": 0.6}, {"saturated_fraction": 0.4})
-    assert kinds(res) == [(0, "uniform")]  # saturation flags only when asked
+    assert kinds(res) == []  # one averaging head in four; saturation flags only when asked
     assert kinds(res, OLD) == [(0, "uniform"), (2, "saturated")]
-    assert kinds(res, C.Thresholds(uniform_above=0.98, saturated_above=0.3)) == [
+    assert kinds(res, C.Thresholds(uniform_above=0.98, saturated_above=0.3)) == [  # 2 of 4
         (0, "uniform"), (1, "uniform"), (2, "saturated"), (3, "saturated")]
     assert kinds(res, C.Thresholds(uniform_above=1.0, saturated_above=1.0)) == []
+
+
+def test_near_uniform_heads_flag_once_they_are_half_the_heads():
+    """One averaging head is a trained model's choice; half of them averaging is a model that
+    does not attend (untrained, or diverged)."""
+    two = result_of({"entropy_normalized": 0.995}, {"entropy_normalized": 0.995}, {}, {})
+    assert kinds(two) == [(0, "uniform"), (1, "uniform")]
+    one = result_of({"entropy_normalized": 0.995}, {}, {}, {})
+    assert kinds(one) == [] and kinds(one, C.Thresholds(uniform_share=0.25)) == [(0, "uniform")]
+    with pytest.raises(ValueError, match="uniform_share"):
+        C.Thresholds(uniform_share=1.5)
 
 
 def test_non_finite_logits_get_one_flag_and_missing_values_none():
@@ -278,7 +289,7 @@ def test_minilm_passes_and_the_old_limits_flag_its_sink_head(minilm_text, capsys
     code, res = check_json(["minilm", "--text", str(minilm_text)], capsys)
     assert (code, res["flags"], res["model"]) == (0, [], "all-MiniLM-L6-v2")
     assert res["thresholds"] == {"std_factor": C.ONE_HOT_FACTOR, "uniform_above": 0.99,
-                                 "saturated_above": 1.0}
+                                 "saturated_above": 1.0, "uniform_share": 0.5}
     code, res = check_json(["minilm", "--text", str(minilm_text), "--std-factor", "1",
                             "--saturated-above", "0.5"], capsys)
     assert code == FLAGGED

@@ -11,7 +11,7 @@ import pytest
 
 from attnscale.cli import run as cli_run
 from attnscale.integrations import checkup as C
-from attnscale.integrations.zoo import LABELS, build_zoo, score_zoo
+from attnscale.integrations.zoo import LABELS, build_zoo, score_zoo, train_zoo
 from attnscale.measure.inspection import default_sentences
 
 
@@ -75,3 +75,15 @@ def test_a_baseline_catches_growth_the_absolute_limit_lets_pass(zoo, tmp_path, c
     assert cli_run(["check", ref, "--baseline", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--baseline" in err[0]
+
+
+def test_trained_members_are_labelled_by_their_loss_and_checked(tmp_path):
+    """Two members of the report set: LR 2e-3 learns (healthy, exit 0), LR 3 diverges (its loss
+    ends far above where it started: broken, exit 1). Their labels come from the loss alone."""
+    pytest.importorskip("transformers")
+    members = train_zoo(tmp_path, ((1, 2e-3), (1, 3.0)))
+    assert [m.label for m in members] == ["healthy", "broken"]
+    scored = score_zoo(members, sentences=default_sentences(16))
+    assert [m["healthy"] for m in scored["members"]] == [True, False]
+    again = train_zoo(tmp_path, ((1, 2e-3),))  # reused, not retrained
+    assert again[0].what == members[0].what

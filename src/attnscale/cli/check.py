@@ -36,6 +36,9 @@ def check_command(
         "one-hot in float32).")] = DEFAULTS.std_factor,
     uniform_above: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="Flag entropy / ln n above this.")] = DEFAULTS.uniform_above,
+    uniform_share: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="Near-uniform heads flag once they are this share of the heads "
+        "(0: each one flags).")] = DEFAULTS.uniform_share,
     saturated_above: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="Flag a saturated-row fraction above this (1 = never).")
     ] = DEFAULTS.saturated_above,
@@ -58,7 +61,8 @@ def check_command(
 
     Frozen: logit std above 23 × s_c, s_c = √(2 ln n) where the softmax of n Gaussian logits
     freezes; past it the median row is one-hot to float32 precision (sharp healthy heads sit
-    at a few s_c). Near-uniform: entropy / ln n above 0.99 (an untrained head). Saturated (only
+    at a few s_c). Near-uniform: entropy / ln n above 0.99 in at least half of the heads (an
+    untrained or diverged model). Saturated (only
     with --saturated-above below 1): that share of rows put > 0.9 on one key.
     Exit status 0 when no head is flagged, 1 when one is, 2 on bad input. Heads given with
     --skip-head or listed in --skip-file stay in the table, marked skipped, and neither flag
@@ -74,7 +78,7 @@ def check_command(
     if text is not None:
         check_input_file("--text", text)
     folder = check_output_folder("--plot", plot) if plot is not None else None
-    thresholds = C.Thresholds(std_factor, uniform_above, saturated_above)
+    thresholds = C.Thresholds(std_factor, uniform_above, saturated_above, uniform_share)
     skip = C.heads_of(skip_head or [], "--skip-head")  # malformed: before the model runs
     if skip_file is not None:
         check_input_file("--skip-file", skip_file)

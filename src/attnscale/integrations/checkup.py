@@ -18,10 +18,13 @@ the heads that break one of these rules (defaults in :class:`Thresholds`):
   s/s_c = 23. Per head, ln n is the mean over its query rows of ln n_i, n_i the keys row i sees
   (inspect's "ln n" column). Calibrated on a labelled zoo (:mod:`attnscale.integrations.zoo`,
   README): MiniLM as shipped passes, its layer-3 q and k scaled by 10 or 30 do not.
-* ``uniform``: entropy / ln n above 0.99. Below s_c the exact Gaussian-logit entropy is
-  H/ln n ≈ 1 − (s/s_c)² (:func:`attnscale.measure.theory.expected_entropy` gives 0.990–0.991 at
-  s = s_c/10 for n = 10…128), so 0.99 means logits spread less than a tenth of the freezing
-  scale: the head averages its keys, as a head at init does (weights of std 0.02 give s ≈ 0.01).
+* ``uniform``: entropy / ln n above 0.99, in at least half of the heads
+  (``uniform_share``). Below s_c the exact Gaussian-logit entropy is H/ln n ≈ 1 − (s/s_c)²
+  (:func:`attnscale.measure.theory.expected_entropy` gives 0.990–0.991 at s = s_c/10 for
+  n = 10…128), so 0.99 means logits spread less than a tenth of the freezing scale: the head
+  averages its keys, as a head at init does (weights of std 0.02 give s ≈ 0.01). One such head
+  is a choice a trained model may make (a tiny BERT trained at a good LR kept one of 8); most
+  heads averaging is a model that does not attend: untrained, or diverged (its heads die).
 * ``saturated`` (off by default: ``saturated_above`` = 1): more than a given share of the head's
   query rows put more than :data:`attnscale.measure.stats.SATURATION` (0.9) of their weight on
   one key. The slope of the winning weight, ∂p/∂ℓ = p(1 − p), is then below 0.09, a quarter of
@@ -77,14 +80,18 @@ ONE_HOT_FACTOR = 23.0
 @dataclass(frozen=True)
 class Thresholds:
     """When a head is flagged (module docstring): logit std > ``std_factor``·s_c, entropy/ln n
-    > ``uniform_above``, saturated fraction of rows > ``saturated_above`` (1: never)."""
+    > ``uniform_above`` once at least ``uniform_share`` of the heads are, saturated fraction of
+    rows > ``saturated_above`` (1: never)."""
 
     std_factor: float = ONE_HOT_FACTOR
     uniform_above: float = 0.99
     saturated_above: float = 1.0
+    uniform_share: float = 0.5  # near-uniform heads flag once they are this share of all heads
 
     def __post_init__(self) -> None:
         check_float("std_factor", self.std_factor, low=0.0)
+        check_float("uniform_share", self.uniform_share, low=0.0, high=1.0,
+                    low_inclusive=True, high_inclusive=True)
         check_float("uniform_above", self.uniform_above, low=0.0, high=1.0, high_inclusive=True)
         check_float("saturated_above", self.saturated_above, low=0.0, high=1.0,
                     low_inclusive=True, high_inclusive=True)
@@ -143,6 +150,8 @@ def flags(result: dict[str, Any], thresholds: Thresholds | None = None) -> list[
     if not isinstance(t, Thresholds):
         raise TypeError(f"thresholds must be a Thresholds, got {type(t).__name__}")
     out: list[Flag] = []
+    uniform_heads: list[Flag] = []
+    judged = 0
     for layer in result["layers"]:
         for h in layer["heads"]:
             at = (int(layer["layer"]), int(h["head"]))
@@ -155,12 +164,17 @@ def flags(result: dict[str, Any], thresholds: Thresholds | None = None) -> list[
             if log_n > 0 and std > limit:  # NaN compares False: no flag from a missing value
                 out.append(Flag(*at, "frozen", std, limit))
             uniform = number(h["entropy_normalized"])
+            judged += log_n > 0
             if log_n > 0 and uniform > t.uniform_above:
-                out.append(Flag(*at, "uniform", uniform, t.uniform_above))
+                uniform_heads.append(Flag(*at, "uniform", uniform, t.uniform_above))
             saturated = number(h["saturated_fraction"])
             if saturated > t.saturated_above:
                 out.append(Flag(*at, "saturated", saturated, t.saturated_above))
-    return out
+    # one averaging head is a choice a trained model may make; most heads averaging is a model
+    # that does not attend (untrained, or its heads died when it diverged)
+    if uniform_heads and len(uniform_heads) >= t.uniform_share * judged:
+        out += uniform_heads
+    return sorted(out, key=lambda f: (f.layer, f.head, FLAG_KINDS.index(f.kind)))
 
 
 def growth_flags(result: dict[str, Any], reference: dict[str, Any], growth: float = GROWTH,
