@@ -10,12 +10,12 @@ import pickle
 from pathlib import Path
 
 import pytest
+from check_support import check_json, heads_flagged, save_tiny_bert, skip_args
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from attnscale.cli import run as cli_run
 from attnscale.integrations import checkup as C
-from attnscale.measure import inspection as I
 from attnscale.measure import theory
 
 FLAGGED = 1
@@ -45,7 +45,6 @@ def test_frozen_means_the_median_row_is_one_hot_in_float32():
     ln(1/ε) of float32, 23 ln 2: frozen. Sharp heads short of it pass."""
     s_c = math.sqrt(2 * math.log(50))
     assert C.critical_std(math.log(50)) == pytest.approx(float(theory.rem_critical_scale(50)))
-    assert C.ONE_HOT_FACTOR * math.log(2) == pytest.approx(-math.log(2.0 ** -23))
     limit = C.ONE_HOT_FACTOR * s_c
     res = result_of({"logit_std": limit * 1.01}, {"logit_std": limit * 0.99},
                     {"logit_std": 5 * s_c})
@@ -164,48 +163,12 @@ def test_folders_without_weights_or_config(tmp_path):
 
 # -- tiny random BERTs, saved as safetensors ---------------------------------------------------
 
-CHARS = "abcdefghijklmnopqrstuvwxyz0123456789.,;:'()-"
-
-
-def save_tiny_bert(folder: Path, qk_std: float | None) -> Path:
-    """A 2-layer, 2-head BERT (hidden 32, head dim 16) with a character vocabulary. Its q and k
-    weights are drawn with std ``qk_std`` (None: BERT's init, std 0.02), so a logit has std
-    of order 32·qk_std²: measured on the default sentences (about 44 tokens, s_c ≈ 2.75),
-    0.23 gives 0.36–0.44·s_c (H/ln n 0.6–0.93), 1.0 gives 7–8·s_c, 2.0 about 30·s_c (past the
-    one-hot limit of 23·s_c), the init 0.004·s_c."""
-    import torch
-    import transformers
-
-    folder.mkdir(parents=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *CHARS, *(f"##{c}" for c in CHARS)]
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
-    cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                                  num_attention_heads=2, intermediate_size=64,
-                                  max_position_embeddings=128)
-    torch.manual_seed(0)
-    model = transformers.BertModel(cfg)
-    if qk_std is not None:
-        with torch.no_grad():
-            for layer in model.encoder.layer:
-                for proj in (layer.attention.self.query, layer.attention.self.key):
-                    proj.weight.normal_(0.0, qk_std)
-                    proj.bias.zero_()
-    model.save_pretrained(folder, safe_serialization=True)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def berts(tmp_path_factory) -> dict[str, Path]:
     pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("berts")
     return {name: save_tiny_bert(root / name, std)
             for name, std in (("healthy", 0.23), ("sharp", 2.0), ("init", None))}
-
-
-def check_json(args: list[str], capsys) -> tuple[int, dict]:
-    code = cli_run(["check", *args, "--json"])
-    return code, json.loads(capsys.readouterr().out)
 
 
 def test_a_healthy_model_exits_0(berts, capsys):
@@ -306,12 +269,6 @@ def checked(result: dict, thresholds: C.Thresholds | None = None) -> dict:
     return {**result, "flags": found, "healthy": not found}
 
 
-def heads_flagged(res: dict) -> list[str]:
-    """The flagged heads as "L.H", in layer then head order."""
-    return [f"{layer}.{head}" for layer, head in sorted({(f["layer"], f["head"])
-                                                         for f in res["flags"]})]
-
-
 @pytest.mark.parametrize("spec,head", [("0.2", (0, 2)), (" 11.0 ", (11, 0)), ((3, 4), (3, 4)),
                                        ("007.10", (7, 10))])
 def test_head_specs(spec, head):
@@ -369,10 +326,6 @@ def test_a_head_the_model_lacks_is_a_value_error(spec):
     with pytest.raises(ValueError, match=rf"^--skip-head: {spec} is not a head .*1 layers of 3"):
         C.apply_skips(res, [spec], "--skip-head")
     assert "skip_heads" not in res and res["flags"] == []  # untouched
-
-
-def skip_args(heads: list[str]) -> list[str]:
-    return [arg for head in heads for arg in ("--skip-head", head)]
 
 
 def flags_column(stdout: str) -> dict[str, str]:
@@ -461,93 +414,3 @@ def test_minilm_passes_with_every_flagged_head_skipped(minilm_text, capsys):
         flagged) - 1
 
 
-# -- tokenizers without a pad token, folders without a tokenizer ------------------------------
-
-
-def save_tiny_gpt2(folder: Path, tokenizer: bool = True, eos: bool = True) -> Path:
-    """A 2-layer GPT-2 (hidden 32) with a word-level tokenizer that, like GPT-2's and Llama's,
-    has no pad token (and, with ``eos=False``, no end-of-sequence token either)."""
-    import torch
-    import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    folder.mkdir(parents=True)
-    words = ["<unk>", "<eos>", *sorted({w for s in I.default_sentences() for w in s.split()})]
-    vocab = {w: i for i, w in enumerate(words[:400])}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    if tokenizer:
-        tok = transformers.PreTrainedTokenizerFast(
-            tokenizer_object=core, unk_token="<unk>", **({"eos_token": "<eos>"} if eos else {}))
-        assert tok.pad_token is None
-        tok.save_pretrained(folder)
-    cfg = transformers.GPT2Config(vocab_size=len(vocab), n_embd=32, n_layer=2, n_head=2,
-                                  n_positions=128)
-    torch.manual_seed(0)
-    transformers.GPT2Model(cfg).save_pretrained(folder, safe_serialization=True)
-    return folder
-
-
-@pytest.mark.parametrize("eos", [True, False])
-def test_a_tokenizer_without_a_pad_token_is_checked(eos, tmp_path, capsys):
-    """GPT-2's tokenizer has no pad token: check pads with EOS (padding never counts), or,
-    without EOS either, runs the inputs one at a time; the numbers agree either way."""
-    pytest.importorskip("transformers")
-    folder = save_tiny_gpt2(tmp_path / "gpt2", eos=eos)
-    code, res = check_json([str(folder)], capsys)
-    assert code in (0, 1) and res["n_sentences"] == 64
-    if eos:  # the same inputs one at a time measure the same heads
-        one = C.check_model(str(folder), batch_size=1)
-        for a, b in zip(res["layers"], one["layers"], strict=True):
-            for ha, hb in zip(a["heads"], b["heads"], strict=True):
-                assert ha["logit_std"] == pytest.approx(hb["logit_std"], rel=1e-4)
-                assert ha["entropy_normalized"] == pytest.approx(hb["entropy_normalized"],
-                                                                 rel=1e-4)
-
-
-def test_a_folder_without_a_tokenizer_is_one_line_and_exit_2(tmp_path, capsys):
-    pytest.importorskip("transformers")
-    folder = save_tiny_gpt2(tmp_path / "bare", tokenizer=False)
-    code = cli_run(["check", str(folder)])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1
-    assert "has no tokenizer" in err and "save_pretrained" in err
-
-
-def test_a_skip_file_accepts_its_heads_and_names_a_bad_line(berts, tmp_path, capsys):
-    code, plain = check_json([str(berts["sharp"])], capsys)
-    flagged = heads_flagged(plain)
-    assert code == FLAGGED and len(flagged) >= 2
-    listed = tmp_path / "known_heads.txt"
-    listed.write_text(f"# sharp heads we accept\n{flagged[0]}   # the first\n\n"
-                      + "\n".join(flagged[1:]) + "\n")
-    code, res = check_json([str(berts["sharp"]), "--skip-file", str(listed)], capsys)
-    assert (code, res["healthy"], res["skip_heads"]) == (0, True, flagged)
-    # a file and a flag add up
-    partial = tmp_path / "one_head.txt"
-    partial.write_text(flagged[0] + "\n")
-    code, res = check_json([str(berts["sharp"]), "--skip-file", str(partial),
-                            *skip_args(flagged[1:])], capsys)
-    assert (code, res["skip_heads"]) == (0, flagged)
-    bad = tmp_path / "bad.txt"
-    bad.write_text("0.1\nlayer two\n")
-    assert cli_run(["check", str(berts["sharp"]), "--skip-file", str(bad)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--skip-file line 2" in err
-    assert C.read_skip_file(listed) == flagged
-
-
-def test_growth_flags_compare_each_head_with_its_baseline():
-    now = result_of({"logit_std": 2.1}, {"logit_std": 1.9}, {"logit_std": math.nan},
-                    {"logit_std": 5.0})
-    then = result_of({"logit_std": 1.0}, {"logit_std": 1.0}, {"logit_std": 1.0},
-                     {"logit_std": 0.0})
-    found = C.growth_flags(now, then)
-    assert [(f.head, f.kind) for f in found] == [(0, "grew")]
-    assert (found[0].value, found[0].limit) == pytest.approx((2.1, C.GROWTH))
-    assert "grew: logit std 2.10× the baseline's same head" in found[0].message()
-    assert [f.head for f in C.growth_flags(now, then, growth=1.5)] == [0, 1]
-    with pytest.raises(ValueError, match="baseline: the reference has"):
-        C.growth_flags(now, result_of({}))
-    with pytest.raises(ValueError, match="growth"):
-        C.growth_flags(now, then, growth=0.5)

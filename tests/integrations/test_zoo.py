@@ -6,12 +6,21 @@ a baseline catches the sharpened copy the absolute limit lets pass."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from attnscale.cli import run as cli_run
 from attnscale.integrations import checkup as C
-from attnscale.integrations.zoo import LABELS, build_zoo, score_zoo, train_zoo
+from attnscale.integrations.zoo import (
+    LABELS,
+    build_zoo,
+    char_tokenizer,
+    context_free_loss,
+    loss_label,
+    score_zoo,
+    train_zoo,
+)
 from attnscale.measure.inspection import default_sentences
 
 
@@ -77,13 +86,42 @@ def test_a_baseline_catches_growth_the_absolute_limit_lets_pass(zoo, tmp_path, c
     assert len(err) == 1 and "--baseline" in err[0]
 
 
-def test_trained_members_are_labelled_by_their_loss_and_checked(tmp_path):
-    """Two members of the report set: LR 2e-3 learns (healthy, exit 0), LR 3 diverges (its loss
-    ends far above where it started: broken, exit 1). Their labels come from the loss alone."""
+U = 3.5  # a context-free loss for the synthetic runs below
+
+
+@pytest.mark.parametrize("losses,label", [
+    ([4.6] * 20 + [3.0] * 20, "healthy"),             # the best of its set
+    ([4.6] * 20 + [3.2] * 20, "healthy"),             # 0.3 of the 0.5 from context
+    ([4.6] * 20 + [3.45] * 20, "degraded"),           # 0.05 of 0.5 from context
+    ([4.6] * 20 + [3.6] * 20, "degraded"),            # no better than character frequencies
+    ([4.6] * 20 + [4.7] * 20, "broken"),              # above where it started
+    ([4.6] * 20 + [float("nan")] * 20, "broken"),     # non-finite
+    ([4.6] * 20 + [2.0] * 20 + [3.4] * 20, "broken"),  # rose by over half after it fell
+])
+def test_labels_come_from_the_loss_alone(losses, label):
+    assert loss_label(losses, best=3.0, context_free=U) == label
+
+
+def test_a_set_where_nothing_beat_character_frequencies_cannot_be_labelled():
+    with pytest.raises(ValueError, match="context-free"):
+        loss_label([4.6] * 40, best=3.6, context_free=U)
+
+
+def test_the_context_free_loss_is_the_entropy_of_the_characters():
+    """"ab a" tokenizes to [CLS] a ##b a [SEP]: frequencies 2/5, 1/5, 1/5, 1/5."""
     pytest.importorskip("transformers")
-    members = train_zoo(tmp_path, ((1, 2e-3), (1, 3.0)))
+    expected = -(0.4 * math.log(0.4) + 3 * 0.2 * math.log(0.2))
+    assert context_free_loss(["ab a"]) == pytest.approx(expected)
+    assert 3.0 < context_free_loss() < math.log(len(char_tokenizer()))
+
+
+def test_trained_members_are_labelled_by_their_loss_and_checked(tmp_path):
+    """Two members, 200 steps: LR 3e-3 learns from context (healthy, exit 0), LR 3 diverges
+    (broken, exit 1). Their labels come from the loss alone."""
+    pytest.importorskip("transformers")
+    members = train_zoo(tmp_path, ((1, 3e-3), (1, 3.0)), steps=200)
     assert [m.label for m in members] == ["healthy", "broken"]
     scored = score_zoo(members, sentences=default_sentences(16))
     assert [m["healthy"] for m in scored["members"]] == [True, False]
-    again = train_zoo(tmp_path, ((1, 2e-3),))  # reused, not retrained
+    again = train_zoo(tmp_path, ((1, 3e-3),), steps=200)  # reused, not retrained
     assert again[0].what == members[0].what

@@ -48,7 +48,8 @@ def check_command(
     ] = None,
     baseline: Annotated[str | None, typer.Option(
         "--baseline", metavar="REF", help="A reference checkpoint of the same architecture "
-        "('minilm' or a folder): flag heads whose logit std grew past --growth times its.")
+        "('minilm' or a folder): flag heads whose logit std grew past --growth times the same "
+        "head's there.")
     ] = None,
     growth: Annotated[float, typer.Option(
         min=1.0, help="With --baseline: flag a logit std above this × the reference head's.")
@@ -59,30 +60,13 @@ def check_command(
 ) -> None:
     """Is this checkpoint's attention healthy? inspect's per-head table, then one line per flag.
 
-    Frozen: logit std above 23 × s_c, s_c = √(2 ln n) where the softmax of n Gaussian logits
-    freezes; past it the median row is one-hot to float32 precision (sharp healthy heads sit
-    at a few s_c). Near-uniform: entropy / ln n above 0.99 in at least half of the heads (an
-    untrained or diverged model). Saturated (only
-    with --saturated-above below 1): that share of rows put > 0.9 on one key.
-    Exit status 0 when no head is flagged, 1 when one is, 2 on bad input. Heads given with
-    --skip-head or listed in --skip-file stay in the table, marked skipped, and neither flag
-    nor change the exit status, unless their logits are NaN or inf.
-    Only safetensors weights are read; pickle checkpoints are refused, never loaded.
+    Frozen: logit std above 23 × s_c, s_c = √(2 ln n): the median row is one-hot in float32.
+    Near-uniform: entropy / ln n above 0.99 in half the heads (untrained or diverged). Exit 0
+    healthy, 1 flagged, 2 bad input. Skipped heads flag only for NaN/inf logits or growth
+    against --baseline. Only safetensors weights are read; pickles are never loaded.
     """
-    C.check_weights(path)  # a pickle-only folder fails here, before anything is read from it
-    if baseline is not None:
-        try:
-            C.check_weights(baseline)
-        except ValueError as e:
-            raise ValueError(f"--baseline: {e}") from e
-    if text is not None:
-        check_input_file("--text", text)
-    folder = check_output_folder("--plot", plot) if plot is not None else None
+    folder, skip = checked_inputs(path, baseline, text, plot, skip_head, skip_file)
     thresholds = C.Thresholds(std_factor, uniform_above, saturated_above, uniform_share)
-    skip = C.heads_of(skip_head or [], "--skip-head")  # malformed: before the model runs
-    if skip_file is not None:
-        check_input_file("--skip-file", skip_file)
-        skip |= C.heads_of(C.read_skip_file(skip_file), "--skip-file")
     sentences = I.sentences_from_file(text) if text is not None else None
     with console.status(f"checking {path}"):
         result = C.check_model(path, sentences, thresholds=thresholds, max_tokens=max_tokens,
@@ -98,6 +82,25 @@ def check_command(
         print_check(result)
     if not result["healthy"]:
         raise typer.Exit(FLAGGED)
+
+
+def checked_inputs(path: str, baseline: str | None, text: str | None, plot: str | None,
+                   skip_head: list[str] | None, skip_file: str | None
+                   ) -> tuple[str | None, set[tuple[int, int]]]:
+    """(the --plot folder or None, the heads to skip), after every input is checked, before any
+    model is read: a pickle-only folder or one without a tokenizer, a missing --text or
+    --skip-file, a malformed head are each one ValueError naming the argument (exit 2)."""
+    C.check_weights(path)
+    if baseline is not None:
+        C.check_weights(baseline, "--baseline")
+    if text is not None:
+        check_input_file("--text", text)
+    folder = check_output_folder("--plot", plot) if plot is not None else None
+    skip = C.heads_of(skip_head or [], "--skip-head")
+    if skip_file is not None:
+        check_input_file("--skip-file", skip_file)
+        skip |= C.heads_of(C.read_skip_file(skip_file), "--skip-file")
+    return folder, skip
 
 
 def print_check(result: dict) -> None:

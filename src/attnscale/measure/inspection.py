@@ -122,7 +122,7 @@ def monitored_stats(path: Path, sentences: list[str], max_tokens: int = MAX_TOKE
     ``path`` on ``sentences``: batches of ``batch_size``, truncated to ``max_tokens``, padding
     query rows left out (``Monitor.query_mask``)."""
     hf_model, tokenizer = load_model(path)
-    pads = can_pad(tokenizer)
+    pads = ensure_pad_token(tokenizer)
     step = batch_size if pads else 1  # nothing to pad with: one input at a time
     n_tokens = 0
     with torch.no_grad(), Monitor(hf_model, counterfactuals=True) as mon:
@@ -137,7 +137,17 @@ def monitored_stats(path: Path, sentences: list[str], max_tokens: int = MAX_TOKE
 
 # Files of which at least one holds a Hugging Face tokenizer (fast, WordPiece, BPE, SentencePiece)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
-                   "spiece.model", "tokenizer.model")
+                   "spiece.model", "tokenizer.model", "sentencepiece.bpe.model", "spm.model")
+
+
+def check_tokenizer(path: Path, name: str = "PATH") -> Path:
+    """``path`` if it holds one of :data:`TOKENIZER_FILES`; else a one-line ValueError naming
+    ``name`` (the argument that gave the folder) and saying how to add one."""
+    if not any((path / file).is_file() for file in TOKENIZER_FILES):
+        raise ValueError(f"{name} {str(path)!r} has no tokenizer (none of "
+                         f"{', '.join(TOKENIZER_FILES)}); save one beside the weights with "
+                         f"tokenizer.save_pretrained({name})")
+    return path
 
 
 def load_model(path: Path) -> tuple[Any, Any]:
@@ -151,24 +161,23 @@ def load_model(path: Path) -> tuple[Any, Any]:
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise ValueError(f"PATH {str(path)!r} has no tokenizer (none of "
-                         f"{', '.join(TOKENIZER_FILES)}); save one beside the weights with "
-                         f"tokenizer.save_pretrained(PATH)")
+    check_tokenizer(path)
     model = AutoModel.from_pretrained(path, local_files_only=True, use_safetensors=True,
                                       attn_implementation="sdpa").eval()
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return model, tokenizer
 
 
-def can_pad(tokenizer: Any) -> bool:
+def ensure_pad_token(tokenizer: Any) -> bool:
     """Whether ``tokenizer`` can pad a batch, giving it its end-of-sequence token as the pad
-    token when it has none (GPT-2 and Llama tokenizers ship without one). Padded positions
-    never count: the attention mask hides them as keys and the monitor's query mask drops
-    their rows, so which token pads does not change a statistic. False when there is no EOS
-    token either: then inputs go one at a time, unpadded."""
+    token when it has none (GPT-2 and Llama tokenizers ship without one), padding on the right.
+    Padded positions never count: the attention mask hides them as keys and the monitor's
+    query mask drops their rows; on the right, the real tokens keep their positions, so a
+    causal model sees each input as it would alone. False when there is no EOS token either:
+    then inputs go one at a time, unpadded."""
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
     return tokenizer.pad_token is not None
 
 
