@@ -176,6 +176,11 @@ class Monitor:
         finite (:func:`attnscale.measure.stats.flat_means`)."""
         return flat_means(self.stats(variant))
 
+    def accumulators(self) -> list[StatsAccumulator]:
+        """Every accumulator, layers in model order, variants in name order: what
+        :func:`attnscale.measure.distributed.all_reduce_monitor` pools across ranks."""
+        return [acc[label] for acc in self._acc.values() for label in sorted(acc)]
+
     def reset(self) -> None:
         """Forget everything recorded so far."""
         self._acc.clear()

@@ -313,6 +313,22 @@ class StatsAccumulator:
             self._sums += sums.to(self._sums.device)
             torch.maximum(self._max, head_max.to(self._max.device), out=self._max)
 
+    def totals(self) -> tuple[Tensor, Tensor]:
+        """(per-head sums (H, len(SUM_FIELDS)) float64, per-head max |logit| (H,) float64) of
+        everything added so far: zeros for a head that has seen nothing. What
+        :meth:`set_totals` takes back, e.g. after summing over data-parallel ranks."""
+        if self._sums is None:
+            return (torch.zeros(self.heads, len(SUM_FIELDS), dtype=torch.float64),
+                    torch.zeros(self.heads, dtype=torch.float64))
+        return self._sums, self._max
+
+    def set_totals(self, sums: Tensor, max_abs: Tensor) -> None:
+        """Replace the running sums and max |logit| (shapes as :meth:`totals` gives them)."""
+        if sums.shape != (self.heads, len(SUM_FIELDS)) or max_abs.shape != (self.heads,):
+            raise ValueError(f"totals of shape {tuple(sums.shape)}, {tuple(max_abs.shape)} for "
+                             f"an accumulator of {self.heads} heads")
+        self._sums, self._max = sums.to(torch.float64), max_abs.to(torch.float64)
+
     def result(self) -> AttentionStats:
         """The statistics of everything added so far
         (:func:`attnscale.measure.headstats.from_sums`); NaN, and max_abs_logit 0, for a head
