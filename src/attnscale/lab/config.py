@@ -12,7 +12,9 @@ conflict with a valid user choice:
   ``score_params``.
 
 After validation every field holds the value the run uses, so ``model_dump()`` records it and
-``TrainConfig(**config.model_dump())`` round-trips.
+``TrainConfig(**config.model_dump())`` round-trips. The one exception: a field of
+:data:`OFF_BY_DEFAULT` (``qk_clip``) is left out of the dump while it is None (off), so configs
+stored before it existed resolve to the same dict, and the same run id, as before.
 """
 
 from __future__ import annotations
@@ -20,14 +22,24 @@ from __future__ import annotations
 import inspect
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from attnscale.core.nn import check_sizes, check_temperature
 from attnscale.core.scores import SCORES, get_score, resolve_params
+from attnscale.integrations.qkclip import check_clippable_score
 from attnscale.lab.tasks import TASKS
 from attnscale.util.validate import check_input_file
 
 __all__ = [
+    "OFF_BY_DEFAULT",
     "SCORE_PARAMS",
     "TASK_DEFAULTS",
     "TASK_OPTIONS",
@@ -42,6 +54,10 @@ TASK_OPTIONS = (
     "salient_scale", "jitter", "cue", "layout", "cue_at", "num_pairs", "num_keys", "num_fillers",
     "eval_multipliers", "eval_size", "eval_batch_size", "eval_windows",
 )  # fmt: skip
+# Fields added after runs were stored, whose default (None) is the behaviour before them: a dump
+# leaves them out while they are None, so the resolved config -- and the run id hashed from it
+# (attnscale.lab.sweep.config_id) -- of every earlier run stays what it was.
+OFF_BY_DEFAULT = ("qk_clip",)
 # Per-task values for fields left unset: the MQAR quick config. Zoology's vocabulary of 8192
 # would make the readout dominate a small CPU model; (seq 64, 4 pairs) is the first point of the
 # Zoology sweep; its MQAR models are attention-only (state mixer = identity), and here, too, an
@@ -183,6 +199,9 @@ class TrainConfig(BaseModel):
     adam_eps: float = Field(1e-8, gt=0, description="Adam ε.")
     grad_clip: float = Field(1.0, ge=0, description="Gradient-norm clip (0 = off).")
     z_loss: float = Field(0.0, ge=0, description="z-loss coefficient (0 = off; 1e-4 Wortsman).")
+    qk_clip: float | None = Field(
+        None, gt=0, description="QK-Clip threshold τ (Kimi K2: 100): after each step, heads whose "
+        "max |logit| on the step's batch exceeded τ get W_q, W_k × √(τ/max) (off by default).")
     seed: int = Field(0, ge=0, description="Seed of the initialization and the data.")
 
     # -- logging and control ------------------------------------------------------------------
@@ -192,6 +211,15 @@ class TrainConfig(BaseModel):
     threads: int = Field(1, ge=1, description="torch intra-op threads during the run.")
     stats: bool = Field(True, description="Log attention statistics in history rows.")
     stats_batch: int = Field(16, ge=1, description="Sequences of the batch the statistics use.")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The dump, without the :data:`OFF_BY_DEFAULT` fields that are None."""
+        out = handler(self)
+        for name in OFF_BY_DEFAULT:
+            if out.get(name, 0) is None:
+                del out[name]
+        return out
 
     @field_validator("score")
     @classmethod
@@ -253,6 +281,11 @@ class TrainConfig(BaseModel):
                     raise ValueError(
                         f"{name} is learned under temperature={self.temperature!r}; omit it"
                     )
+        if self.qk_clip is not None:
+            try:
+                check_clippable_score(self.score)
+            except ValueError as err:
+                raise ValueError(f"qk_clip: {err}") from None
         params = self.score_kwargs()
         resolve_params(get_score(self.score), params, params.pop("scale", None))
 

@@ -21,6 +21,12 @@ clipping at 1, independent weight decay 1e-4, optional z-loss, linear warmup the
   loss is about ln(vocab), a uniform guess, so 3× that is a model far worse than guessing, which
   an ordinary loss spike does not reach; the grace steps let warmup transients pass). The update
   of the divergent step is not applied. :func:`run` never raises for divergence.
+* QK-Clip (``qk_clip`` = τ, off by default; Kimi Team 2025, arXiv:2507.20534): the training
+  forward of each step is monitored, and after the optimizer step every head whose max |logit|
+  on that batch exceeded τ has its W_q and W_k rows scaled by √(τ/max)
+  (:mod:`attnscale.integrations.qkclip`). As in K2 the maxima are those of the weights before
+  the update, so the next step's logits are bounded by τ up to what one update adds. History
+  rows then hold ``qk_clipped``: the (step, head) clips since the previous row.
 * Logging: every ``log_every`` steps (and at the last step) a history row records the state at
   the *start* of that step: step, loss (mean training loss since the previous row), lr,
   grad_norm, and per layer the attention statistics of :class:`attnscale.measure.monitor.Monitor`
@@ -44,7 +50,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -54,6 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnscale.integrations.qkclip import QKClip
 from attnscale.integrations.tensorboard import ScalarWriter
 from attnscale.lab.build import (
     absorb_factor,
@@ -244,6 +251,8 @@ class Trainer:
         self.diverged_step: int | None = None
         self.writer = writer
         self._window: list[float] = []  # training losses since the last history row
+        self.qk_clip = None if config.qk_clip is None else QKClip(self.model, config.qk_clip)
+        self._clipped = 0  # heads clipped since the last history row
 
     @property
     def done(self) -> bool:
@@ -257,7 +266,8 @@ class Trainer:
         lr = lr_at(s, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
-        ce, z = losses(self.model(batch.tokens, batch.scale), batch.targets)
+        with nullcontext() if self.qk_clip is None else self.qk_clip.measure():
+            ce, z = losses(self.model(batch.tokens, batch.scale), batch.targets)
         self.optimizer.zero_grad(set_to_none=True)
         (ce + cfg.z_loss * z if cfg.z_loss else ce).backward()
         grad_norm = clip_gradients(self.model, cfg)  # exact under absorb_scale (lab.build)
@@ -275,6 +285,8 @@ class Trainer:
             self.diverged_step = s
         else:
             self.optimizer.step()
+            if self.qk_clip is not None:
+                self._clipped += len(self.qk_clip.apply())
             self.next_step = s + 1
         return loss
 
@@ -298,6 +310,8 @@ class Trainer:
             "log_z_sq": z,
         }
         self._window = []
+        if self.qk_clip is not None:
+            row["qk_clipped"], self._clipped = self._clipped, 0
         if diverged:
             row["diverged"] = True
         if self._eval_due(step):
