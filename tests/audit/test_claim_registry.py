@@ -17,7 +17,7 @@ from attnscale.audit.studies import PRESETS, studies
 from attnscale.audit.verdicts import MissingEvidence, Verdict
 
 CLAIMS_MD = (Path(__file__).parents[2] / "docs" / "claims.md").read_text()
-SHIPPED = [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3"]
+SHIPPED = [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3", "Q4"]
 
 
 def test_every_claim_and_question_is_registered_in_order():

@@ -36,7 +36,7 @@ from attnscale.util.provenance import versions
 
 SCHEMA = report_schema()
 DOCS_SCHEMA = Path(__file__).parents[2] / "docs" / "report.schema.json"
-IDS = [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3"]
+IDS = [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3", "Q4"]
 
 
 @pytest.fixture(scope="module")

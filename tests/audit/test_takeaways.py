@@ -132,7 +132,7 @@ def test_scale_caveat_names_model_steps_and_seeds():
     def caveats(p):
         return {c.id: scale.claim_scale(c, p) for c in all_claims()}
     notes = caveats(PRESETS["standard"])
-    assert all(notes.values()) and len(notes) == 16
+    assert all(notes.values()) and len(notes) == 17
     assert "150 steps" in notes["C13"] and "6 seeds" in notes["C13"] and "width 16–256" in \
         notes["C13"]
     assert "10 seeds" in notes["C4"] and "200 steps" in notes["C4"]  # the tau study's

@@ -29,6 +29,7 @@ LR_CHOICES = ("grid", "tuned")
 VARIANTS: dict[str, dict[str, Any]] = {
     "scaled_dot": {"score": "scaled_dot"},
     "dot": {"score": "dot"},
+    "dot_qkclip": {"score": "dot", "qk_clip": 100.0},  # Q4: Kimi K2's QK-Clip at its τ
     "dot_absorbed": {"score": "dot", "absorb_scale": True},  # no study trains it (C7: identity)
     "mup": {"score": "mup"},
     "cosine_tau1": {"score": "cosine", "tau": 1.0},
@@ -128,7 +129,8 @@ def with_seed_offset(p: Preset, offset: int) -> Preset:
                    task_seeds=tuple(s + shift for s in p.task_seeds))
 
 
-TEXT_ARMS = ("scaled_dot", "dot", "qk_layernorm", "cosine_tau1", "softcap", "cosine_learned")
+TEXT_ARMS = ("scaled_dot", "dot", "qk_layernorm", "cosine_tau1", "softcap", "cosine_learned",
+             "dot_qkclip")
 PRESETS: dict[str, Preset] = {
     # For the tests: every study runs, nothing is learned. Not offered on the command line.
     "tiny": Preset("tiny", seeds=(0, 1, 2), tune_seeds=(50,), steps=3, head_dims=(8, 16),
@@ -219,7 +221,7 @@ def studies(p: Preset) -> dict[str, Study]:
         "head_dim": Study("head_dim", {**TEXT, **schedule(p.steps), "n_heads": 1},
                           ("scaled_dot", "dot"),
                           cells={"init": ("gpt2", "unit"), "d_model": p.head_dims}, **one_tune),
-        # C6, C11, C12, Q1: Wortsman et al. 2023's LR sweep at two widths
+        # C6, C11, C12, Q1, Q4: Wortsman et al. 2023's LR sweep at two widths
         "lr_text": Study("lr_text", {**TEXT, **schedule(p.steps), "n_heads": 2},
                          p.text_arms, p.lrs, p.seeds, cells={"d_model": p.widths}),
         # C4, C6: the temperature of cosine attention on a task that needs sharp attention
