@@ -59,8 +59,10 @@ def test_split_key_keeps_slashes_in_layer_names():
     assert split_key("attention/enc.0/max_abs_logit") == ("attention/enc.0", "max_abs_logit")
 
 
+LEVELS = HealthThresholds(max_logit=1e4, entropy_floor=0.1, growth_rate=0.0, entropy_rate=0.0)
+
+
 def test_thresholds_validate():
-    assert HealthThresholds() == HealthThresholds(max_logit=1e4, entropy_floor=0.1)
     with pytest.raises(ValueError, match="max_logit"):
         HealthThresholds(max_logit=0.0)
     with pytest.raises(ValueError, match="max_logit"):
@@ -69,53 +71,58 @@ def test_thresholds_validate():
         HealthThresholds(max_logit="1e4")
     with pytest.raises(ValueError, match="entropy_floor"):
         HealthThresholds(entropy_floor=1.5)
-    HealthThresholds(entropy_floor=0.0)  # 0 switches the entropy check off
+    for name in ("growth_rate", "growth_floor", "entropy_rate"):
+        with pytest.raises(ValueError, match=name):
+            HealthThresholds(**{name: -0.1})
+    with pytest.raises(ValueError, match="growth_window"):
+        HealthThresholds(growth_window=0)
+    HealthThresholds(entropy_floor=0.0, growth_rate=0.0, entropy_rate=0.0)  # 0 switches off
 
 
-def test_alarm_fires_on_logit_growth_once_per_layer():
-    alarm = AttentionAlarm()
+def test_level_rule_warns_once_per_layer_and_rule_but_records_every_step():
+    alarm = AttentionAlarm(LEVELS)
     assert alarm.update(10, {**layer_stats("a"), **layer_stats("b")}) == []
     with pytest.warns(AttentionHealthWarning, match=r"step 20, layer a: max \|attention logit"):
         events = alarm.update(20, {**layer_stats("a", logit=2e4), **layer_stats("b")})
-    assert [(e.step, e.layer, e.statistic, e.value) for e in events] == [
-        (20, "a", "max_abs_logit", 2e4)]
+    assert [(e.step, e.layer, e.statistic, e.value, e.rule) for e in events] == [
+        (20, "a", "max_abs_logit", 2e4, "max_logit")]
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a second warning for layer a would raise here
-        assert alarm.update(30, {**layer_stats("a", logit=3e4), **layer_stats("b")}) == []
-    assert alarm.fired == {"a": 20}
-    assert alarm.first_step == 20
+        warnings.simplefilter("error")  # a second warning for (a, max_logit) would raise here
+        again = alarm.update(30, {**layer_stats("a", logit=3e4), **layer_stats("b")})
+    assert [(e.step, e.rule) for e in again] == [(30, "max_logit")]  # recorded again
+    assert alarm.fired == {"a": 20} and alarm.rule_steps == {"max_logit": 20}
+    assert alarm.first_step == 20 and alarm.counts()["max_logit"] == 2
 
 
 def test_alarm_fires_on_entropy_collapse_and_on_non_finite_logits():
-    alarm = AttentionAlarm(HealthThresholds(entropy_floor=0.2), warn=False)
+    alarm = AttentionAlarm(HealthThresholds(entropy_floor=0.2, growth_rate=0.0), warn=False)
     events = alarm.update(5, {**layer_stats("a", entropy=0.15), **layer_stats("b", logit=math.nan),
                               **layer_stats("c", entropy=0.25)})
-    assert {(e.layer, e.statistic) for e in events} == {
-        ("a", "entropy_normalized"), ("b", "max_abs_logit")}
+    assert {(e.layer, e.rule) for e in events} == {("a", "entropy_floor"), ("b", "max_logit")}
     assert alarm.fired == {"a": 5, "b": 5}
 
 
-def test_alarm_fires_on_any_non_finite_logit_first():
-    """nonfinite_fraction > 0 fires whatever the thresholds, and before the other checks;
-    0, and NaN (no logit scored), do not."""
+def test_every_rule_that_holds_is_recorded():
+    """A non-finite logit fires whatever the thresholds, and the other rules that hold at the
+    same step are recorded beside it (no first-rule-wins); 0 and NaN fractions do not fire."""
     alarm = AttentionAlarm(HealthThresholds(max_logit=1e30, entropy_floor=0.0), warn=False)
     stats = {**layer_stats("a", logit=math.inf, entropy=0.5), "a/nonfinite_fraction": 0.01,
              **layer_stats("b"), "b/nonfinite_fraction": 0.0,
              **layer_stats("c"), "c/nonfinite_fraction": math.nan}
-    (event,) = alarm.update(4, stats)
-    assert (event.layer, event.statistic, event.value, event.threshold) == (
-        "a", "nonfinite_fraction", 0.01, 0.0)
+    events = alarm.update(4, stats)
+    assert [(e.layer, e.rule, e.value, e.threshold) for e in events] == [
+        ("a", "nonfinite", 0.01, 0.0), ("a", "max_logit", math.inf, 1e30)]
     with pytest.warns(AttentionHealthWarning, match=r"layer d: attention logits not finite"):
         AttentionAlarm().update(5, {**layer_stats("d"), "d/nonfinite_fraction": 0.5})
 
 
 def test_alarm_entropy_floor_zero_never_fires_on_entropy():
-    alarm = AttentionAlarm(HealthThresholds(entropy_floor=0.0), warn=False)
+    alarm = AttentionAlarm(HealthThresholds(entropy_floor=0.0, entropy_rate=0.0), warn=False)
     assert alarm.update(1, layer_stats("a", entropy=0.0)) == []
 
 
 def test_alarm_reads_prefixed_health_scalars():
-    alarm = AttentionAlarm(warn=False)
+    alarm = AttentionAlarm(LEVELS, warn=False)
     alarm.update(3, health_scalars(layer_stats("enc.0", logit=1e5)))
     assert alarm.fired == {"attention/enc.0": 3}
 
@@ -123,7 +130,7 @@ def test_alarm_reads_prefixed_health_scalars():
 @given(st.dictionaries(st.sampled_from("abcd"),
                        st.tuples(st.floats(0, 3e4), st.floats(0, 1)), min_size=1))
 def test_alarm_fires_exactly_for_the_layers_past_a_threshold(values):
-    alarm = AttentionAlarm(warn=False)
+    alarm = AttentionAlarm(LEVELS, warn=False)
     stats = {}
     for layer, (logit, entropy) in values.items():
         stats |= layer_stats(layer, logit, entropy)
@@ -134,7 +141,7 @@ def test_alarm_fires_exactly_for_the_layers_past_a_threshold(values):
 
 
 def test_lead_time():
-    alarm = AttentionAlarm(warn=False)
+    alarm = AttentionAlarm(LEVELS, warn=False)
     assert alarm.lead_time(50) is None  # never fired
     alarm.update(12, layer_stats("a", logit=1e5))
     alarm.update(30, layer_stats("b", entropy=0.01))
@@ -142,6 +149,7 @@ def test_lead_time():
     assert alarm.lead_time(10) == -2  # the alarm came late
     alarm.reset()
     assert alarm.fired == {} and alarm.events == [] and alarm.lead_time(50) is None
+    assert alarm.rule_steps == {}
 
 
 def test_alarm_validates_arguments():

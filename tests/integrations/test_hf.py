@@ -82,6 +82,9 @@ def test_tensorboard_receives_the_monitor_statistics(name, hf_kit, tmp_path):
             for stat in HEALTH_STATISTICS:
                 got = logged[f"train/attention/{layer}/{stat}"]
                 assert got == pytest.approx(expected[f"{layer}/{stat}"], rel=1e-5, abs=1e-6)
+            heads = [logged[f"train/attention/{layer}/max_abs_logit_head{h}"] for h in (0, 1)]
+            assert max(heads) == logged[f"train/attention/{layer}/max_abs_logit"]  # per head
+            assert f"train/attention/{layer}/max_abs_logit_head2" not in logged
         assert logged["train/attention/alarms"] == 0.0
         assert ("train/loss", step) in scalars  # should_log was kept
     for step in range(1, 7):
@@ -119,6 +122,8 @@ def test_alarm_fires_on_forced_divergence(hf_kit, tmp_path):
     assert health.lead_time == health.diverged_step - health.alarm_step
     record = health.record()
     assert record["alarm_step"] == health.alarm_step and record["events"]
+    assert sum(record["rule_counts"].values()) == len(record["events"])
+    assert min(record["rule_steps"].values()) == health.alarm_step
     alarms = [h["attention/alarms"] for h in trainer.state.log_history if "attention/alarms" in h]
     assert alarms[-1] == 2.0 and alarms[0] <= alarms[-1]
 

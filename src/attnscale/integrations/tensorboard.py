@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from attnscale.integrations.health import check_prefix, health_scalars
+from attnscale.integrations.health import check_prefix, head_scalars, health_scalars
 from attnscale.measure.monitor import Monitor
 from attnscale.util.validate import check_int
 
@@ -61,17 +61,20 @@ def padding_query_mask(model: nn.Module, inputs: Mapping[str, Any]) -> Tensor | 
     return None if bool(keep.all()) else keep
 
 
-def attention_health(model: nn.Module, batch: Any, *, prefix: str = "attention"
-                     ) -> dict[str, float]:
+def attention_health(model: nn.Module, batch: Any, *, prefix: str = "attention",
+                     per_head: bool = False) -> dict[str, float]:
     """``{f"{prefix}/{layer}/{statistic}": float}`` of one forward pass of ``batch``
     (:func:`run_batch`) through a :class:`Monitor`, under ``torch.no_grad`` and in eval mode
     (dropout off, so the statistics are of the model itself; its mode is restored afterwards).
     Padding rows of a mapping batch with an ``attention_mask`` are left out
     (:func:`padding_query_mask`); a layer with non-finite logits reads nonfinite_fraction > 0
-    and max_abs_logit inf (:mod:`attnscale.measure.headstats`)."""
+    and max_abs_logit inf (:mod:`attnscale.measure.headstats`). ``per_head``: also each head's
+    max |logit| as ``{prefix}/{layer}/max_abs_logit_head{h}`` (:func:`head_scalars`)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     prefix = check_prefix(prefix)
+    if not isinstance(per_head, bool):
+        raise TypeError(f"per_head must be a bool, got {type(per_head).__name__}")
     was_training = model.training
     model.eval()
     try:
@@ -81,21 +84,26 @@ def attention_health(model: nn.Module, batch: Any, *, prefix: str = "attention"
             run_batch(model, batch)
     finally:
         model.train(was_training)
-    return health_scalars(monitor.flat_stats(), prefix)
+    values = health_scalars(monitor.flat_stats(), prefix)
+    if per_head:
+        heads = {name: s.max_abs_logit.tolist() for name, s in monitor.stats().items()}
+        values.update(head_scalars(heads, prefix))
+    return values
 
 
 def log_attention(model: nn.Module, batch: Any, writer: ScalarWriter, step: int, *,
-                  prefix: str = "attention") -> dict[str, float]:
+                  prefix: str = "attention", per_head: bool = False) -> dict[str, float]:
     """Measure ``batch`` (:func:`attention_health`), write each value with
     ``writer.add_scalar(tag, value, step)`` and return them. Tags are
     ``{prefix}/{layer}/{statistic}`` for the statistics of
-    :data:`attnscale.integrations.health.HEALTH_STATISTICS`."""
+    :data:`attnscale.integrations.health.HEALTH_STATISTICS` (and, with ``per_head``,
+    ``{prefix}/{layer}/max_abs_logit_head{h}``)."""
     add_scalar = getattr(writer, "add_scalar", None)
     if not callable(add_scalar):
         raise TypeError(f"writer must have an add_scalar(tag, value, step) method, got "
                         f"{type(writer).__name__}")
     step = check_int("step", step, minimum=0)
-    values = attention_health(model, batch, prefix=prefix)
+    values = attention_health(model, batch, prefix=prefix, per_head=per_head)
     for tag, value in values.items():
         add_scalar(tag, value, step)
     return values

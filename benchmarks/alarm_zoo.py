@@ -1,0 +1,112 @@
+"""Does the attention alarm lead? Tune its rules on a zoo of runs with known outcomes, report
+on other seeds.
+
+    python benchmarks/alarm_zoo.py [--out benchmarks/recorded/alarm_zoo_2core.json]
+        [--every 5] [--workers 2] [--cache /tmp/alarm_zoo_runs.json]
+
+Trains the zoo of :mod:`attnscale.lab.runzoo` (byte-level GPTs on pydoc_data.topics, width 64,
+2 layers; scaled and unscaled attention × LR 3e-3 … 1e-1 × warmup 0 / 100 × seeds), recording
+each run's per-step loss and the attention statistics of every ``--every``-th training step;
+labels each run from its loss alone (:func:`attnscale.integrations.outcome.label_run`, against
+the LR-3e-3 run of the same score, warmup and seed); picks the alarm's thresholds on the tuning
+seeds (:func:`attnscale.integrations.alarm_score.tune`) and scores them, and the previous rules
+(max |logit| > 1e4, entropy / ln n < 0.1, no rate rule), on the report seeds: the share of
+diverged runs caught before their divergence onset, the median lead in steps, and the share of
+healthy runs with any alarm. ``--cache`` keeps the trained runs (JSON) so a re-run only
+re-scores them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from attnscale.integrations.alarm import RULES, HealthThresholds
+from attnscale.integrations.alarm_score import DEFAULT_GRID, score_runs, tune
+from attnscale.lab import runzoo
+from attnscale.util.jsonio import jsonable
+from attnscale.util.provenance import git_revision, machine, versions
+
+PREVIOUS = HealthThresholds(max_logit=1e4, entropy_floor=0.1, growth_rate=0.0, entropy_rate=0.0)
+
+
+def load_or_train(cache: str | None, every: int, workers: int) -> tuple[list[dict], float]:
+    """The zoo's runs (from ``cache`` when it holds them) and the seconds training took."""
+    if cache and Path(cache).is_file():
+        return json.loads(Path(cache).read_text()), 0.0
+    start = time.perf_counter()
+    zoo = runzoo.members(runzoo.TUNE_SEEDS + runzoo.REPORT_SEEDS)
+    runs = runzoo.train_zoo(zoo, every=every, workers=workers)
+    took = time.perf_counter() - start
+    if cache:
+        Path(cache).write_text(json.dumps(runs))
+    return runs, took
+
+
+def first_rules(result: dict) -> dict[str, int]:
+    """{rule: on how many runs it fired first (ties count every rule of that step)}."""
+    out = dict.fromkeys(RULES, 0)
+    for row in result["runs"]:
+        if row["alarm_step"] is not None:
+            for rule, step in row["rule_steps"].items():
+                out[rule] += step == row["alarm_step"]
+    return out
+
+
+def summary(name: str, res: dict) -> str:
+    return (f"{name}: caught {res['caught']}/{res['diverged']} diverged "
+            f"({res['caught_catchable']}/{res['catchable']} of those diverging after the first "
+            f"sample), median lead "
+            f"{res['median_lead']} steps; false alarms {res['false_alarms']}/{res['healthy']} "
+            f"healthy; first rule {first_rules(res)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--every", type=int, default=5, help="sampled steps (every_n_steps)")
+    parser.add_argument("--workers", type=int, default=2, help="training processes")
+    parser.add_argument("--cache", default=None, help="JSON file of trained runs to reuse")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    runs, train_s = load_or_train(args.cache, args.every, args.workers)
+    runs = runzoo.label_zoo(runs)
+    tuning = [r for r in runs if r["member"]["seed"] in runzoo.TUNE_SEEDS]
+    report = [r for r in runs if r["member"]["seed"] in runzoo.REPORT_SEEDS]
+    chosen, tuned = tune(tuning, DEFAULT_GRID, args.every)
+    results = {"tuned rules | tuning set": tuned,
+               "tuned rules | report set": score_runs(report, chosen, args.every),
+               "previous rules | tuning set": score_runs(tuning, PREVIOUS, args.every),
+               "previous rules | report set": score_runs(report, PREVIOUS, args.every)}
+    for every in (10, 25, 50):
+        if every % args.every == 0:
+            results[f"tuned rules | report set | every {every}"] = score_runs(report, chosen,
+                                                                             every)
+    print(f"chosen on seeds {runzoo.TUNE_SEEDS}: {chosen}")
+    for name, res in results.items():
+        print(summary(name, res))
+    for row in results["tuned rules | report set"]["runs"]:
+        print(f"  {row['name']:<28} {'DIVERGED' if row['diverged'] else 'healthy ':<8} "
+              f"onset {row['diverged_step']!s:>4} {','.join(row['reasons']):<14} alarm "
+              f"{row['alarm_step']!s:>4} lead {row['lead']!s:>4} {row['rule_steps']}")
+    if args.out:
+        record = {
+            "zoo": {"base": runzoo.BASE, "lrs": runzoo.LRS, "reference_lr": runzoo.REFERENCE_LR,
+                    "warmups": runzoo.WARMUPS, "scores": runzoo.SCORES,
+                    "tune_seeds": runzoo.TUNE_SEEDS, "report_seeds": runzoo.REPORT_SEEDS,
+                    "every_n_steps": args.every, "members": len(runs)},
+            "labels": {r["name"]: r["outcome"] for r in runs},
+            "final_losses": {r["name"]: sum(r["losses"][-30:]) / 30 for r in runs},
+            "elapsed_s": {r["name"]: r["elapsed_s"] for r in runs},
+            "grid": DEFAULT_GRID, "chosen": vars(chosen), "previous": vars(PREVIOUS),
+            "results": results, "train_s": train_s, "wall_s": time.perf_counter() - start,
+            "versions": versions(), "git_rev": git_revision(), "machine": machine(),
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(jsonable(record), indent=1))
+
+
+if __name__ == "__main__":
+    main()
