@@ -25,6 +25,14 @@ the Trainer (given to the constructor or :meth:`AttentionHealthCallback.attach`)
 Trainer adds the entry to ``state.log_history`` and every reporter writes it at that global
 step (TensorBoard under ``train/attention/...``). ``trainer.log`` resets ``control.should_log``,
 which the callback restores, so the Trainer's own loss log of that step still happens.
+
+Under data parallelism (DDP, ``torchrun``): each rank measures its own batch and the statistics
+are pooled across ranks at the sampled step's end
+(:func:`attnscale.measure.distributed.all_reduce_monitor`: sums add, max |logit| takes the max,
+so means are weighted by rows), so every rank logs, judges and records the same numbers; only
+the main process's reporters write them (the Trainer's own rule). The alarm therefore fires at
+the same step on every rank and ``stop=True`` ends every rank there together; the logged loss
+the divergence test reads is already averaged across ranks by the Trainer.
 """
 
 from __future__ import annotations
@@ -40,9 +48,11 @@ from attnscale.integrations.health import (
     HealthThresholds,
     LossDivergence,
     check_prefix,
+    head_scalars,
     health_scalars,
 )
 from attnscale.integrations.tensorboard import padding_query_mask
+from attnscale.measure.distributed import all_reduce_monitor
 from attnscale.measure.monitor import Monitor
 from attnscale.util.validate import check_int
 
@@ -55,21 +65,25 @@ class AttentionHealthCallback(TrainerCallback):
     Logged at each sampled step s (steps every_n_steps, 2·every_n_steps, ...), through
     ``trainer.log``: ``{prefix}/{layer}/{statistic}`` for the statistics of
     :data:`attnscale.integrations.health.HEALTH_STATISTICS` (the share of non-finite logits,
-    max |logit|, logit std, entropy / ln n, saturated fraction, z-loss), and
-    ``{prefix}/alarms``, the number of layers whose alarm has fired so far.
+    max |logit|, logit std, entropy / ln n, saturated fraction, z-loss), each head's max |logit|
+    as ``{prefix}/{layer}/max_abs_logit_head{h}``, and ``{prefix}/alarms``, the number of layers
+    on which a rule has fired so far. The alarm (:class:`AttentionAlarm`) checks levels and
+    growth rates at each sampled step and records every rule each time it holds; its rate
+    rules fit a slope over the samples of the last ``thresholds.growth_window`` steps (the last
+    two samples when ``every_n_steps`` is longer).
 
     Args:
         trainer: the ``transformers.Trainer`` to log through; the callback adds itself to it.
             None: call :meth:`attach` before training.
         every_n_steps: measure one optimizer step in this many.
-        thresholds: when the alarm fires (:class:`HealthThresholds`; default max |logit| 1e4,
-            entropy / ln n 0.1).
+        thresholds: when the alarm fires (:class:`HealthThresholds`, its defaults tuned on the
+            zoo of ``benchmarks/alarm_zoo.py``).
         stop: end training (``control.should_training_stop``) at the step the alarm fires.
         prefix: the first part of every logged key.
         loss_jump: the loss divergence test (:class:`LossDivergence`): a logged loss above
             ``loss_jump`` times the lowest earlier one, or a non-finite loss or gradient norm;
             None: non-finite only.
-        warn: issue an :class:`AttentionHealthWarning` once per layer when the alarm fires.
+        warn: issue an :class:`AttentionHealthWarning` once per (layer, rule) when it fires.
 
     After training: :attr:`alarm` (its ``fired`` {layer: step} and ``events``),
     :attr:`alarm_step`, :attr:`diverged_step`, :attr:`lead_time`, :attr:`history` (step,
@@ -133,6 +147,8 @@ class AttentionHealthCallback(TrainerCallback):
             "thresholds": asdict(self.alarm.thresholds),
             "alarm_step": self.alarm_step,
             "fired": dict(self.alarm.fired),
+            "rule_steps": dict(self.alarm.rule_steps),
+            "rule_counts": self.alarm.counts(),
             "events": [event.to_dict() for event in self.alarm.events],
             "diverged_step": self.diverged_step,
             "lead_time": self.lead_time,
@@ -158,9 +174,9 @@ class AttentionHealthCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self._monitor is None:
             return
-        flat = self._close()
+        flat, heads = self._close(pooled=True)
         step = state.global_step
-        values = health_scalars(flat, self.prefix)
+        values = {**health_scalars(flat, self.prefix), **head_scalars(heads, self.prefix)}
         events = self.alarm.update(step, flat)
         self.history.append((step, values))
         should_log = control.should_log
@@ -189,13 +205,18 @@ class AttentionHealthCallback(TrainerCallback):
         self._hook = model.register_forward_pre_hook(padding_rows, with_kwargs=True)
         self._monitor = monitor
 
-    def _close(self) -> dict[str, float]:
+    def _close(self, pooled: bool = False) -> tuple[dict[str, float], dict[str, list[float]]]:
         """Remove the hooks; the flat statistics recorded (:meth:`Monitor.flat_stats`, where a
-        layer with non-finite logits reads nonfinite_fraction > 0 and max_abs_logit inf; {} if
-        no monitor was open)."""
+        layer with non-finite logits reads nonfinite_fraction > 0 and max_abs_logit inf) and
+        {layer: per-head max |logit|}; ({}, {}) if no monitor was open. ``pooled``: under
+        torch.distributed, first pool every rank's recording (a collective, so only at a
+        sampled step's end, which every rank reaches together; never in the clean-up paths)."""
         monitor, self._monitor = self._monitor, None
         if monitor is None:
-            return {}
+            return {}, {}
         self._hook.remove()
         monitor.__exit__(None, None, None)
-        return monitor.flat_stats()
+        if pooled:
+            all_reduce_monitor(monitor)
+        heads = {name: s.max_abs_logit.tolist() for name, s in monitor.stats().items()}
+        return monitor.flat_stats(), heads

@@ -22,6 +22,10 @@ from attnscale.core.nn import MultiheadSelfAttention
 
 HF_NAME = "attnscale_monitor"  # the prefix of the attention functions registered with transformers
 _ids = itertools.count()
+# monitored attention functions registered with transformers -> the implementation each stands
+# in for ("eager", "sdpa" or another monitor's): monitors of one model nest (a health callback
+# and QK-Clip watch the same step)
+_WATCHING: dict[str, str] = {}
 
 
 class Watcher(Protocol):
@@ -250,7 +254,7 @@ def watch_hf(monitor: Watcher, model: nn.Module) -> Callable[[], None]:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     original = model.config._attn_implementation
-    if original not in ("eager", "sdpa"):
+    if original not in ("eager", "sdpa") and original not in _WATCHING:
         raise ValueError(
             f"attn_implementation must be 'eager' or 'sdpa' to be monitored, got {original!r}"
         )
@@ -260,7 +264,12 @@ def watch_hf(monitor: Watcher, model: nn.Module) -> Callable[[], None]:
         def record() -> None:
             monitor.record(module, *hf_inputs(query, key, attention_mask, kwargs, module))
 
-        if original == "sdpa":  # transformers' own sdpa code, with SDPA itself watched
+        target = _WATCHING.get(name, original)  # what this monitor stands in for now
+        if target in _WATCHING:  # inside another monitor: record, then let it run
+            record()
+            return ALL_ATTENTION_FUNCTIONS[target](
+                module, query, key, value, attention_mask, **kwargs)
+        if target == "sdpa":  # transformers' own sdpa code, with SDPA itself watched
             with WatchSDPA(monitor, module, tuple(query.shape[1:3]), record):
                 return ALL_ATTENTION_FUNCTIONS["sdpa"](
                     module, query, key, value, attention_mask, **kwargs)
@@ -271,10 +280,16 @@ def watch_hf(monitor: Watcher, model: nn.Module) -> Callable[[], None]:
 
     AttentionInterface.register(name, monitored)
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
+    _WATCHING[name] = original
     model.set_attn_implementation(name)
 
     def undo() -> None:
-        model.set_attn_implementation(original)
+        target = _WATCHING.pop(name)
+        for other, inner in _WATCHING.items():  # a monitor entered after this one and still
+            if inner == name:                   # watching now stands in for what this one did
+                _WATCHING[other] = target
+        if model.config._attn_implementation == name:
+            model.set_attn_implementation(target)
 
     return undo
 
