@@ -268,3 +268,20 @@ def test_clip_factors():
                                   [1.0, 1.0, 0.25, 1.0])
     with pytest.raises(ValueError, match="max_logit must be 1-D"):
         clip_factors([[1.0]], 1.0)
+
+
+@pytest.mark.parametrize("attribute,value,words", [
+    ("attn_logit_softcapping", 50.0, "soft-caps"),
+    ("position_embedding_type", "relative_key", "relative position"),
+])
+def test_attention_that_is_not_bilinear_is_refused(attribute, value, words):
+    """Gemma 2's soft-capped logits and BERT's relative position scores do not scale by γ."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=20, hidden_size=16, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=32)
+    model = transformers.BertModel(cfg)
+    attention = model.encoder.layer[0].attention.self
+    setattr(attention, attribute, value)
+    name = "encoder.layer.0.attention.self"
+    with pytest.raises(ValueError, match=words):
+        qk_clip_(model, {name: [1e3, 1e3]}, tau=1.0)

@@ -28,10 +28,29 @@ def model() -> MultiheadSelfAttention:
     return MultiheadSelfAttention(16, 4, causal=True)
 
 
-def main(out: Path) -> None:
+def main(out: Path, mismatch: bool = False) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     m = model()
+    if mismatch and rank == 1:  # the same layer name, 2 heads instead of 4
+        m = MultiheadSelfAttention(16, 2, causal=True)
+        with torch.no_grad(), Monitor(m) as mon:
+            m(batch()[2:])
+        try:
+            all_reduce_monitor(mon)
+        except ValueError as e:
+            (out / "rank1.json").write_text(json.dumps({"error": str(e)}))
+        dist.destroy_process_group()
+        return
+    if mismatch:
+        with torch.no_grad(), Monitor(m) as mon:
+            m(batch()[:2])
+        try:
+            all_reduce_monitor(mon)
+        except ValueError as e:
+            (out / "rank0.json").write_text(json.dumps({"error": str(e)}))
+        dist.destroy_process_group()
+        return
     with torch.no_grad(), Monitor(m, counterfactuals=True) as mon:
         m(batch()[2 * rank:2 * rank + 2])
     alone = mon.flat_stats()
@@ -44,4 +63,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), mismatch=sys.argv[2:] == ["mismatch"])

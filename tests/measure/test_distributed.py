@@ -21,13 +21,13 @@ from attnscale.measure.monitor import Monitor
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
-def torchrun(out: Path, nproc: int = 2) -> None:
+def torchrun(out: Path, *extra: str, nproc: int = 2) -> None:
     """``torchrun --standalone --nproc_per_node NPROC ddp_worker.py OUT``, one thread a rank;
     fails with the ranks' output if it does not finish in 120 s."""
     exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([exe, "--standalone", f"--nproc_per_node={nproc}", str(WORKER),
-                           str(out)], env=env, capture_output=True, text=True, timeout=120)
+                           str(out), *extra], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -48,6 +48,13 @@ def test_two_ranks_read_the_statistics_of_the_whole_batch(tmp_path):
     assert ranks[0]["alone"][key] < ranks[1]["alone"][key] == pytest.approx(expected[key])
     rows = next(k for k in expected if k.endswith("/rows"))
     assert ranks[0]["alone"][rows] + ranks[1]["alone"][rows] == expected[rows]
+
+
+def test_ranks_with_different_heads_both_fail_before_any_data_moves(tmp_path):
+    torchrun(tmp_path, "mismatch")
+    for r in (0, 1):
+        error = json.loads((tmp_path / f"rank{r}.json").read_text())["error"]
+        assert "different layers or heads" in error
 
 
 def test_a_single_process_is_left_alone():

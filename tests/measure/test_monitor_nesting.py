@@ -54,3 +54,23 @@ def test_the_outer_monitor_may_exit_first(gpt2):
     rows = {k: v for k, v in inner.flat_stats().items() if k.endswith("/rows")}
     assert all(v == 2 * outer.flat_stats()[k] for k, v in rows.items())
     assert gpt2.config._attn_implementation == base
+
+
+def test_attnscale_monitors_may_exit_in_any_order():
+    from attnscale.core.nn import MultiheadSelfAttention
+
+    torch.manual_seed(0)
+    m = MultiheadSelfAttention(16, 4)
+    x = torch.randn(2, 5, 16)
+    outer, inner = Monitor(m), Monitor(m)
+    with torch.no_grad():
+        outer.__enter__()
+        inner.__enter__()
+        m(x)
+        outer.__exit__(None, None, None)
+        m(x)  # only the inner one records
+        inner.__exit__(None, None, None)
+        m(x)
+    (a,), (b,) = outer.stats().values(), inner.stats().values()
+    assert a.rows.sum() == 4 * 2 * 5 and b.rows.sum() == 2 * a.rows.sum()
+    assert m.capture is None

@@ -110,6 +110,7 @@ class SweepArm(Model):
     peak_logit_by_lr: dict[str, float | None]
     unstable_by_lr: dict[str, float]
     logit_curves: dict[str, list[tuple[int, float]]]
+    clipped_by_lr: dict[str, float] = {}  # QK-Clip arms: share of runs the clip acted in
 
 
 class LRText(Model):
@@ -257,7 +258,8 @@ def lr_sweep_arm(runs: list[Run], reference: Mapping[int, float]) -> dict[str, A
     arm's own best would reward an arm for a deep minimum at one LR); and the fraction of LRs
     that were :func:`unstable`. Per LR: the mean clipped loss, every seed's final max |logit|
     (inf when diverged), the mean peak max |logit| and the unstable fraction; the counts of
-    runs, divergences and runs past :data:`LOGIT_LIMIT`; max |logit| against step."""
+    runs, divergences and runs past :data:`LOGIT_LIMIT`; max |logit| against step; for a QK-Clip
+    arm, per LR the share of runs in which the clip acted (:func:`clip_acted`)."""
     curves = seed_curves(runs)
     sens = {str(s): sum(c.values()) / len(c) - reference[s] for s, c in curves.items()}
     by_seed: dict[str, list[bool]] = {}
@@ -281,7 +283,15 @@ def lr_sweep_arm(runs: list[Run], reference: Mapping[int, float]) -> dict[str, A
             "unstable_by_lr": {str(k): float(np.mean([unstable(r) for r in v]))
                                for k, v in sorted(by_lr.items())},
             "logit_curves": {str(k): analysis.max_logit_curve(v[0]) for k, v in
-                             sorted(by_lr.items())}}
+                             sorted(by_lr.items())},
+            "clipped_by_lr": {str(k): float(np.mean([clip_acted(r) for r in v]))
+                              for k, v in sorted(by_lr.items())
+                              if any(r["config"].get("qk_clip") for r in v)}}
+
+
+def clip_acted(run: Run) -> bool:
+    """Whether QK-Clip rescaled any head in the run (its history rows' ``qk_clipped``)."""
+    return any((row.get("qk_clipped") or 0) > 0 for row in run.get("history") or [])
 
 
 def lr_text_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:

@@ -253,6 +253,15 @@ def _layout(module: nn.Module, name: str) -> _Layout:
         return _separate(module.q_proj, module.k_proj)
     if isinstance(module, nn.MultiheadAttention):
         return _torch_mha(module)
+    cap = getattr(module, "attn_logit_softcapping", None) or getattr(
+        getattr(module, "config", None), "attn_logit_softcapping", None)
+    if cap:
+        raise ValueError(f"{where} soft-caps its logits (attn_logit_softcapping={cap}): tanh is "
+                         "not homogeneous, so rescaling W_q, W_k cannot scale them by γ")
+    position = getattr(module, "position_embedding_type", "absolute")
+    if position not in (None, "absolute"):
+        raise ValueError(f"{where} adds relative position scores ({position!r}), which scale by "
+                         "√γ, not γ, when W_q and W_k do")
     norms = [n for n in QK_NORMS if getattr(module, n, None) is not None]
     if norms:
         raise ValueError(f"{where} normalizes q or k after the projection ({', '.join(norms)}): "

@@ -10,6 +10,7 @@ rows, not a mean of per-rank means).
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import torch
@@ -30,9 +31,12 @@ def all_reduce_monitor(monitor: Monitor, group: Any = None) -> bool:
     """Pool what every rank of ``group`` recorded in ``monitor``, in place (module docstring).
 
     A collective: every rank must call it at the same point, having recorded the same layers
-    (ValueError naming the counts otherwise, raised on every rank alike); it waits on its peers
-    up to the process group's timeout (``init_process_group(timeout=...)``). Returns False, and
-    does nothing, without torch.distributed or with a single rank.
+    and heads: a signature of them (count and CRC-32 of the names, variants and head counts) is
+    compared first, and a mismatch is a ValueError raised on every rank alike, before any data
+    moves (a layer one rank skipped, e.g. under layer drop, is never summed into another). It
+    waits on its peers up to the process group's timeout (``init_process_group(timeout=...)``).
+    On an NCCL group the buffers go through the current CUDA device. Returns False, and does
+    nothing, without torch.distributed or with a single rank.
     """
     import torch.distributed as dist
 
@@ -41,19 +45,24 @@ def all_reduce_monitor(monitor: Monitor, group: Any = None) -> bool:
     if not is_distributed(group):
         return False
     accs = monitor.accumulators()
-    counts = torch.tensor([len(accs), -len(accs)], dtype=torch.float64)
-    dist.all_reduce(counts, dist.ReduceOp.MAX, group=group)  # the most and (negated) fewest
-    if counts[0] != -counts[1]:
-        raise ValueError(f"ranks recorded different layers: {int(-counts[1])} to "
-                         f"{int(counts[0])} accumulators (this rank {len(accs)})")
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+    layout = ";".join(f"{name}|{label}|{acc.heads}" for (name, label), acc in accs.items())
+    sig = float(zlib.crc32(layout.encode()))
+    check = torch.tensor([len(accs), -len(accs), sig, -sig], dtype=torch.float64, device=device)
+    dist.all_reduce(check, dist.ReduceOp.MAX, group=group)  # the largest and (negated) smallest
+    if check[0] != -check[1] or check[2] != -check[3]:
+        raise ValueError(f"ranks recorded different layers or heads ({int(-check[1])} to "
+                         f"{int(check[0])} accumulators; this rank: {layout or 'none'})")
     if not accs:
         return True
-    totals = [acc.totals() for acc in accs]
-    sums = torch.cat([t[0].detach().cpu().flatten() for t in totals])
-    top = torch.cat([t[1].detach().cpu() for t in totals])
+    totals = [acc.totals() for acc in accs.values()]
+    sums = torch.cat([t[0].detach().flatten() for t in totals]).to(device)
+    top = torch.cat([t[1].detach() for t in totals]).to(device)
     dist.all_reduce(sums, dist.ReduceOp.SUM, group=group)
     dist.all_reduce(top, dist.ReduceOp.MAX, group=group)
-    sizes, heads = [t[0].numel() for t in totals], [acc.heads for acc in accs]
-    for acc, part, peak in zip(accs, sums.split(sizes), top.split(heads), strict=True):
+    sizes, heads = [t[0].numel() for t in totals], [acc.heads for acc in accs.values()]
+    for acc, part, peak in zip(accs.values(), sums.cpu().split(sizes), top.cpu().split(heads),
+                               strict=True):
         acc.set_totals(part.view(acc.heads, -1), peak)
     return True

@@ -176,10 +176,12 @@ class Monitor:
         finite (:func:`attnscale.measure.stats.flat_means`)."""
         return flat_means(self.stats(variant))
 
-    def accumulators(self) -> list[StatsAccumulator]:
-        """Every accumulator, layers in model order, variants in name order: what
-        :func:`attnscale.measure.distributed.all_reduce_monitor` pools across ranks."""
-        return [acc[label] for acc in self._acc.values() for label in sorted(acc)]
+    def accumulators(self) -> dict[tuple[str, str], StatsAccumulator]:
+        """{(layer, variant): accumulator}, sorted by name (the same order on every rank that
+        recorded the same layers): what :func:`attnscale.measure.distributed.all_reduce_monitor`
+        pools across ranks."""
+        return {(name, label): self._acc[name][label]
+                for name in sorted(self._acc) for label in sorted(self._acc[name])}
 
     def reset(self) -> None:
         """Forget everything recorded so far."""

@@ -217,18 +217,25 @@ class WatchSDPA(TorchFunctionMode):
 
 def watch_attnscale(monitor: Watcher, module: MultiheadSelfAttention) -> Callable[[], None]:
     """Record every attention call of ``module`` through its ``capture`` hook (an observer
-    already there keeps working); returns what undoes it."""
-    previous = module.capture
-
+    already there keeps working); returns what undoes it. Monitors may exit in any order: one
+    that exits under another turns into a pass-through, which the one above skips when it
+    exits in turn."""
     def capture(mod, q, k, call):
-        monitor.record(mod, q, k, call)
-        if previous is not None:  # another observer (e.g. the trainer) keeps working
-            previous(mod, q, k, call)
+        if capture.alive:
+            monitor.record(mod, q, k, call)
+        if capture.previous is not None:  # another observer (e.g. the trainer) keeps working
+            capture.previous(mod, q, k, call)
 
+    capture.alive, capture.previous = True, module.capture
     module.capture = capture
 
     def undo() -> None:
-        module.capture = previous
+        capture.alive = False
+        if module.capture is capture:  # on top: put back the nearest observer still alive
+            below = capture.previous
+            while below is not None and getattr(below, "alive", True) is False:
+                below = below.previous
+            module.capture = below
 
     return undo
 

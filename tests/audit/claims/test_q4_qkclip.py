@@ -7,6 +7,7 @@ cannot read as another verdict, and its forest plot draws."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import (
@@ -29,14 +30,24 @@ from attnscale.audit.studies import PRESETS, VARIANTS, studies
 from attnscale.audit.verdicts import LOSS_DELTA, MissingEvidence
 
 
-def q4(draw, gaps, noise=0.002, dot=0.1, layernorm=0.0):
+def sweep_arm(clipped: float) -> dict[str, Any]:
+    """The clipped arm's LR sweep, empty but for the share of runs the clip acted in at the LR
+    every synthetic arm is read at (0.01)."""
+    return {"sensitivity": {}, "unstable": {}, "n_runs": 0, "n_diverged": 0,
+            "n_past_logit_limit": 0, "loss_by_lr": {}, "final_logit_by_lr": {},
+            "peak_logit_by_lr": {}, "unstable_by_lr": {}, "logit_curves": {},
+            "clipped_by_lr": {"0.01": clipped, "0.1": 1.0}}
+
+
+def q4(draw, gaps, noise=0.002, dot=0.1, layernorm=0.0, clipped=0.5):
     """gaps: width -> dot_qkclip − scaled_dot clipped loss; plain dot and QK-LayerNorm sit at
-    ``dot`` and ``layernorm`` above scaled_dot. The sweep is empty (the rule does not read it)."""
+    ``dot`` and ``layernorm`` above scaled_dot; the clip acted in a share ``clipped`` of the
+    clipped arm's runs at its chosen LR."""
     loss = {w: {"scaled_dot": draw.arm(2.0, noise), "dot": draw.arm(2.0 + dot, noise),
                 "qk_layernorm": draw.arm(2.0 + layernorm, noise),
                 M.ARM: draw.arm(2.0 + gap, noise)} for w, gap in gaps.items()}
-    return {"loss": loss, "sweep": {w: {} for w in gaps}, "lrs": [1e-3, 1e-2, 1e-1], "n": 32,
-            "logit_limit": 1e4, "loss_margin": 1.0}
+    return {"loss": loss, "sweep": {w: {M.ARM: sweep_arm(clipped)} for w in gaps},
+            "lrs": [1e-3, 1e-2, 1e-1], "n": 32, "logit_limit": 1e4, "loss_margin": 1.0}
 
 
 def judge(ev):
@@ -56,6 +67,18 @@ def test_q4_flips_between_standing_in_and_failing():
                              "δ or better).")
     assert some.plain[1] == ("d_model=128: dot with QK-Clip is worse than scaled_dot by more "
                              "than δ.")
+
+
+def test_q4_where_the_clip_never_acted_is_undecided():
+    """The clip acted only at an LR the arm was not read at: the arm was plain dot there, so a
+    loss equal to scaled_dot's says nothing of the clip."""
+    v = judge(q4(Draw(3), dict.fromkeys(WIDTHS, 0.0), clipped=0.0))
+    assert v.verdict == "inconclusive"
+    assert v.headline == "inconclusive: d_model=32: idle; d_model=128: idle"
+    assert "never clipped a head" in v.plain[0]
+    ev = q4(Draw(3), dict.fromkeys(WIDTHS, 0.0))
+    del ev["sweep"][WIDTHS[0]][M.ARM]  # not recorded: not shown to act
+    assert judge(ev).headline.startswith("inconclusive: d_model=32: idle")
 
 
 def test_q4_context_is_read_but_never_decides():

@@ -36,15 +36,17 @@ CONTEXT = ("dot", "qk_layernorm")  # what the clip is also compared with, outsid
 RULE = ("Unscaled dot with QK-Clip (τ = 100, Kimi K2) against scaled_dot at each width of the "
         "LR sweep: paired per-seed differences of clipped loss, each arm at its LR chosen "
         "leave-one-seed-out, Holm over the widths. It stands in at a width if its loss is no "
-        "worse (non-inferior within δ) and fails there if it is worse by more than δ. "
+        "worse (non-inferior within δ) and fails there if it is worse by more than δ; a width "
+        "where the clip never acted at the arm's chosen LRs is undecided (the arm was plain "
+        "dot there). "
         "Supported if it stands in at every width; refuted if it fails at every width; "
         "depends if it stands in at some and fails at others; inconclusive otherwise. "
         "Against plain dot and QK-LayerNorm as context, not part of the verdict")
 ANSWERS = {SUPPORTED: "Yes: no worse than scaled dot at every width",
            REFUTED: "No: worse than scaled dot at every width",
            DEPENDS: "At some widths only",
-           INCONCLUSIVE: "Not decided: at some width the clipped arm was shown neither no "
-                         "worse nor worse than scaled dot"}
+           INCONCLUSIVE: "Not decided: at some width the clip never acted at the LRs chosen, "
+                         "or its arm was shown neither no worse nor worse than scaled dot"}
 WORDS = {"greater": "higher loss, by more than δ", "less": "lower loss, by more than δ",
          "equal": "within ±δ", INCONCLUSIVE: "undecided"}
 
@@ -63,23 +65,35 @@ def q4_family(ev: LRText) -> dict[str, Comparison]:
     return family(pairs, LOSS_DELTA, holm_over=list(groups.values())) if pairs else {}
 
 
-def stands_in(comps: Mapping[str, Comparison], widths: list[str]) -> dict[str, str]:
-    """width -> "holds" (no worse than scaled_dot), "fails" (worse by more than δ) or
-    INCONCLUSIVE (neither shown, or the arm is missing)."""
+def clip_acted(ev: LRText, width: str) -> bool:
+    """Whether QK-Clip acted in some run of the clipped arm at one of the LRs its reported
+    seeds were read at (the sweep's ``clipped_by_lr``); False when that is not recorded."""
+    arm, sweep = ev.loss.get(width, {}).get(ARM), ev.sweep.get(width, {}).get(ARM)
+    if arm is None or sweep is None:
+        return False
+    return any(sweep.clipped_by_lr.get(str(lr), 0.0) > 0 for lr in set(arm.lrs.values()))
+
+
+def stands_in(ev: LRText, comps: Mapping[str, Comparison]) -> dict[str, str]:
+    """width -> "idle" (the clip never acted at the chosen LRs: the arm was plain dot there),
+    "holds" (no worse than scaled_dot), "fails" (worse by more than δ) or INCONCLUSIVE
+    (neither shown, or the arm is missing)."""
     out = {}
-    for w in widths:
+    for w in ev.loss:
         c = comps.get(f"{w}: {ARM} − scaled_dot")
-        out[w] = ("holds" if c is not None and c.no_worse() else
-                  "fails" if c is not None and c.greater() else INCONCLUSIVE)
+        out[w] = (INCONCLUSIVE if c is None else "idle" if not clip_acted(ev, w) else
+                  "holds" if c.no_worse() else "fails" if c.greater() else INCONCLUSIVE)
     return out
 
 
 def sentences(comps: Mapping[str, Comparison], marks: Mapping[str, str]) -> list[str]:
     """One sentence per width from the rule's reading, one per context comparison."""
-    said = {"holds": "no worse than scaled_dot (within δ or better)",
-            "fails": "worse than scaled_dot by more than δ",
-            INCONCLUSIVE: "neither shown no worse nor worse than scaled_dot"}
-    out = [f"{w}: dot with QK-Clip is {said[m]}." for w, m in marks.items()]
+    said = {"holds": "is no worse than scaled_dot (within δ or better)",
+            "fails": "is worse than scaled_dot by more than δ",
+            INCONCLUSIVE: "is neither shown no worse nor worse than scaled_dot",
+            "idle": "never clipped a head at the LRs chosen for it, so there it trained as "
+                    "plain dot and says nothing of the clip"}
+    out = [f"{w}: dot with QK-Clip {said[m]}." for w, m in marks.items()]
     for key, c in comps.items():
         if not key.endswith("scaled_dot"):
             base = key.rsplit(" − ", 1)[1]
@@ -90,7 +104,7 @@ def sentences(comps: Mapping[str, Comparison], marks: Mapping[str, str]) -> list
 def judge(ev: LRText) -> Verdict:
     """Q4: does unscaled dot with QK-Clip match scaled_dot's loss, per width."""
     comps = q4_family(ev)
-    marks = stands_in(comps, list(ev.loss))
+    marks = stands_in(ev, comps)
     verdict = aggregate(list(marks.values()), {"holds"}, {"fails"})
     regime = (sweep_regime(ev, divergence_counts(ev)) + "; QK-Clip at τ = 100 acts only on "
               "heads whose max |logit| on the step's batch passes 100, so at LRs where none "
