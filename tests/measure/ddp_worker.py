@@ -31,28 +31,17 @@ def model() -> MultiheadSelfAttention:
 def main(out: Path, mismatch: bool = False) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    m = model()
-    if mismatch and rank == 1:  # the same layer name, 2 heads instead of 4
-        m = MultiheadSelfAttention(16, 2, causal=True)
-        with torch.no_grad(), Monitor(m) as mon:
-            m(batch()[2:])
-        try:
-            all_reduce_monitor(mon)
-        except ValueError as e:
-            (out / "rank1.json").write_text(json.dumps({"error": str(e)}))
-        dist.destroy_process_group()
-        return
-    if mismatch:
-        with torch.no_grad(), Monitor(m) as mon:
-            m(batch()[:2])
-        try:
-            all_reduce_monitor(mon)
-        except ValueError as e:
-            (out / "rank0.json").write_text(json.dumps({"error": str(e)}))
-        dist.destroy_process_group()
-        return
+    # mismatch: rank 1's layer has the same name and 2 heads instead of 4
+    m = MultiheadSelfAttention(16, 2, causal=True) if mismatch and rank == 1 else model()
     with torch.no_grad(), Monitor(m, counterfactuals=True) as mon:
         m(batch()[2 * rank:2 * rank + 2])
+    if mismatch:
+        try:
+            all_reduce_monitor(mon)
+        except ValueError as e:
+            (out / f"rank{rank}.json").write_text(json.dumps({"error": str(e)}))
+        dist.destroy_process_group()
+        return
     alone = mon.flat_stats()
     pooled = all_reduce_monitor(mon)
     record = {"pooled": pooled, "alone": alone, "flat": mon.flat_stats(),
