@@ -205,3 +205,17 @@ def test_loss_divergence_validates():
         LossDivergence(jump="2")
     with pytest.raises(ValueError, match="step"):
         LossDivergence().update(-1, 1.0)
+
+
+def test_alarm_keeps_the_first_events_of_a_rule_and_counts_every_one():
+    alarm = AttentionAlarm(LEVELS, warn=False, max_events=3)
+    for step in range(10):
+        alarm.update(step, layer_stats("a", logit=1e5) | layer_stats("b", logit=1e5))
+    kept = [(e.step, e.layer) for e in alarm.events if e.rule == "max_logit"]
+    assert kept == [(s, layer) for s in range(3) for layer in ("a", "b")]
+    assert alarm.counts()["max_logit"] == 20 and alarm.dropped == 14
+    assert alarm.fired == {"a": 0, "b": 0}
+    alarm.reset()
+    assert alarm.counts()["max_logit"] == 0 and alarm.dropped == 0
+    with pytest.raises(ValueError, match="max_events"):
+        AttentionAlarm(max_events=0)

@@ -28,7 +28,7 @@ def model() -> MultiheadSelfAttention:
     return MultiheadSelfAttention(16, 4, causal=True)
 
 
-def main(out: Path, mismatch: bool = False) -> None:
+def main(out: Path, mismatch: bool = False, nan: bool = False) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     # mismatch: rank 1's layer has the same name and 2 heads instead of 4
@@ -42,6 +42,10 @@ def main(out: Path, mismatch: bool = False) -> None:
             (out / f"rank{rank}.json").write_text(json.dumps({"error": str(e)}))
         dist.destroy_process_group()
         return
+    if nan:  # rank r's head r saw a NaN logit
+        for acc in mon.accumulators().values():
+            sums, top = acc.totals()
+            acc.set_totals(sums, top.clone().index_fill_(0, torch.tensor([rank]), float("nan")))
     alone = mon.flat_stats()
     pooled = all_reduce_monitor(mon)
     record = {"pooled": pooled, "alone": alone, "flat": mon.flat_stats(),
@@ -52,4 +56,4 @@ def main(out: Path, mismatch: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), mismatch=sys.argv[2:] == ["mismatch"])
+    main(Path(sys.argv[1]), mismatch=sys.argv[2:] == ["mismatch"], nan=sys.argv[2:] == ["nan"])

@@ -5,6 +5,7 @@ on the whole batch."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -55,6 +56,22 @@ def test_ranks_with_different_heads_both_fail_before_any_data_moves(tmp_path):
     for r in (0, 1):
         error = json.loads((tmp_path / f"rank{r}.json").read_text())["error"]
         assert "different layers or heads" in error
+
+
+def test_a_nan_max_on_either_rank_is_nan_on_both(tmp_path):
+    """Whether MAX propagates NaN is the backend's choice; the pooled max must not depend on
+    it, nor on which rank holds the NaN."""
+    torchrun(tmp_path, "nan")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    m = model()
+    with torch.no_grad(), Monitor(m, counterfactuals=True) as whole:
+        m(batch())
+    for r in ranks:
+        for layer, heads in r["per_head"].items():
+            tops = heads["max_abs_logit"]
+            assert math.isnan(tops[0]) and math.isnan(tops[1])
+            expected = whole.stats()[layer].to_dict()["per_head"]["max_abs_logit"]
+            assert tops[2:] == pytest.approx(expected[2:], rel=1e-9)
 
 
 def test_a_single_process_is_left_alone():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -138,12 +139,17 @@ class AttentionAlarm:
     Args:
         thresholds: a :class:`HealthThresholds` (default: its defaults).
         warn: issue the warnings (False: record only).
+        max_events: how many events to keep per (layer, rule), the first ones: a rule that
+            holds for the rest of a long run costs no more memory; :meth:`counts` still counts
+            every firing, and :attr:`dropped` how many events were not kept.
 
-    State: :attr:`events` (every firing), :attr:`fired` ({layer: first step any rule fired}),
+    State: :attr:`events` (every firing, up to ``max_events`` per (layer, rule)), :attr:`fired`
+    ({layer: first step any rule fired}),
     :attr:`rule_steps` ({rule: first step it fired}), :attr:`first_step`.
     """
 
-    def __init__(self, thresholds: HealthThresholds | None = None, warn: bool = True) -> None:
+    def __init__(self, thresholds: HealthThresholds | None = None, warn: bool = True,
+                 max_events: int = 1000) -> None:
         if thresholds is None:
             thresholds = HealthThresholds()
         if not isinstance(thresholds, HealthThresholds):
@@ -153,6 +159,9 @@ class AttentionAlarm:
             raise TypeError(f"warn must be a bool, got {type(warn).__name__}")
         self.thresholds = thresholds
         self.warn = warn
+        self.max_events = check_int("max_events", max_events, minimum=1)
+        self.dropped = 0
+        self._counts: Counter[tuple[str, str]] = Counter()
         self.fired: dict[str, int] = {}
         self.rule_steps: dict[str, int] = {}
         self.events: list[AlarmEvent] = []
@@ -182,7 +191,12 @@ class AttentionAlarm:
     def _record(self, event: AlarmEvent) -> None:
         self.fired.setdefault(event.layer, event.step)
         self.rule_steps.setdefault(event.rule, event.step)
-        self.events.append(event)
+        key = (event.layer, event.rule)
+        self._counts[key] += 1
+        if self._counts[key] <= self.max_events:
+            self.events.append(event)
+        else:
+            self.dropped += 1
         if self.warn and (event.layer, event.rule) not in self._warned:
             self._warned.add((event.layer, event.rule))
             warnings.warn(_message(event), AttentionHealthWarning, stacklevel=3)
@@ -242,10 +256,11 @@ class AttentionAlarm:
         return None if first is None else diverged_step - first
 
     def counts(self) -> dict[str, int]:
-        """{rule: how many (step, layer) events it produced}, every rule of :data:`RULES`."""
+        """{rule: how many (step, layer) events it produced}, every rule of :data:`RULES`
+        (kept in :attr:`events` or not)."""
         out = dict.fromkeys(RULES, 0)
-        for event in self.events:
-            out[event.rule] = out.get(event.rule, 0) + 1
+        for (_, rule), n in self._counts.items():
+            out[rule] += n
         return out
 
     def reset(self) -> None:
@@ -253,6 +268,8 @@ class AttentionAlarm:
         self.fired.clear()
         self.rule_steps.clear()
         self.events.clear()
+        self._counts.clear()
+        self.dropped = 0
         self._warned.clear()
         self._history.clear()
 

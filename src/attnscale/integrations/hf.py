@@ -150,6 +150,7 @@ class AttentionHealthCallback(TrainerCallback):
             "rule_steps": dict(self.alarm.rule_steps),
             "rule_counts": self.alarm.counts(),
             "events": [event.to_dict() for event in self.alarm.events],
+            "events_dropped": self.alarm.dropped,
             "diverged_step": self.diverged_step,
             "lead_time": self.lead_time,
             "stopped_at": self.stopped_at,

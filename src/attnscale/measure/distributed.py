@@ -10,6 +10,7 @@ rows, not a mean of per-rank means).
 
 from __future__ import annotations
 
+import math
 import zlib
 from typing import Any
 
@@ -57,10 +58,15 @@ def all_reduce_monitor(monitor: Monitor, group: Any = None) -> bool:
     if not accs:
         return True
     totals = [acc.totals() for acc in accs.values()]
-    sums = torch.cat([t[0].detach().flatten() for t in totals]).to(device)
     top = torch.cat([t[1].detach() for t in totals]).to(device)
+    # Whether MAX propagates a NaN differs between backends: count NaN maxima in the SUM
+    # (addition always propagates) and put them back after, so a NaN on one rank is on all.
+    nan = torch.isnan(top)
+    sums = torch.cat([t[0].detach().flatten() for t in totals] + [nan.double().cpu()]).to(device)
     dist.all_reduce(sums, dist.ReduceOp.SUM, group=group)
-    dist.all_reduce(top, dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(top.masked_fill_(nan, -math.inf), dist.ReduceOp.MAX, group=group)
+    sums, nans = sums[:-len(top)], sums[-len(top):]
+    top = top.masked_fill_(nans > 0, math.nan)
     sizes, heads = [t[0].numel() for t in totals], [acc.heads for acc in accs.values()]
     for acc, part, peak in zip(accs.values(), sums.cpu().split(sizes), top.cpu().split(heads),
                                strict=True):

@@ -331,7 +331,10 @@ class Monitor:
 
     def _sampled(self, module: int) -> str | None:
         """The layer name if this call of the module with ``id`` ``module`` is one to record
-        (every ``every``-th)."""
+        (every ``every``-th). A call during a backward pass (activation checkpointing's
+        recomputation of a forward already seen) is neither recorded nor counted."""
+        if calls.in_backward():
+            return None
         name = self.names.get(module, f"attention{len(self._acc)}")
         count = self._calls.get(name, 0)
         self._calls[name] = count + 1

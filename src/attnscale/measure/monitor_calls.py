@@ -68,6 +68,14 @@ def fusable(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any, dropout_p
     )
 
 
+def in_backward() -> bool:
+    """Whether autograd is running a backward pass on this thread now (a forward called from
+    there is activation checkpointing's recomputation). torch has no public query for this;
+    ``torch.utils.checkpoint`` itself reads the same graph-task id (-1 outside backward)."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return current is not None and current() != -1
+
+
 def bool_mask_fits(mask: Tensor, shape: tuple[int, ...]) -> bool:
     """Whether ``mask`` is a CPU bool tensor broadcasting to ``shape``."""
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.device.type != "cpu":
