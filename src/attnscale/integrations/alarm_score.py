@@ -35,9 +35,10 @@ __all__ = ["DEFAULT_GRID", "replay", "score_runs", "tune"]
 DEFAULT_GRID: dict[str, tuple[float, ...]] = {
     "max_logit": (300.0, 1e3, 3e3, 1e4),
     "entropy_floor": (0.0, 0.02, 0.05, 0.1),
-    "growth_rate": (0.0, 0.01, 0.02, 0.04, 0.06, 0.08),
+    # the first grid ended at 0.08, where the tuned rate sat: extended past it, 10-step window added
+    "growth_rate": (0.0, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2),
     "growth_floor": (10.0, 20.0, 50.0, 100.0, 150.0, 200.0),
-    "growth_window": (25, 50),
+    "growth_window": (10, 25, 50),
     "entropy_rate": (0.0, 0.01, 0.02),
 }
 

@@ -46,6 +46,11 @@ dimension (q width / number of heads):
   projection (``q_norm``/``k_norm``, e.g. Qwen3, OLMo 2) and GPT-2 cross-attention are refused.
 
 Anything else raises ValueError naming the module, before any weight changes.
+
+Data parallel: :meth:`QKClip.apply` pools S_h across ranks first, so every replica clips the
+same heads by the same γ_h. Under FSDP2 (``fully_shard``) each rank scales its own shard of the
+(sharded) q and k weights; the result equals one process's clip of the whole batch
+(tests/integrations/test_fsdp.py).
 """
 
 from __future__ import annotations
@@ -341,9 +346,31 @@ def _check_heads(layout: _Layout, n_heads: int, name: str) -> None:
 
 
 def _mul(parts: tuple[Part, ...], head: int, d: int, factor: float) -> None:
-    """Multiply the slice [head·d, (head+1)·d) of each part, in place."""
+    """Multiply the slice [head·d, (head+1)·d) of each part, in place. A sharded parameter
+    (FSDP2's DTensor) is multiplied whole by a replicated vector that is ``factor`` on the slice
+    and 1 elsewhere, so every rank scales its own shard: a slice of a DTensor is a copy, and
+    scaling it in place would change nothing."""
     for param, dim, offset in parts:
-        param.narrow(dim, offset + head * d, d).mul_(factor)
+        if _is_dtensor(param):
+            from torch.distributed.tensor import Replicate, distribute_tensor
+
+            scale = torch.ones(param.shape[dim], dtype=param.dtype)
+            scale[offset + head * d:offset + (head + 1) * d] = factor
+            shape = [1] * param.dim()
+            shape[dim] = -1
+            mesh = param.device_mesh
+            param.mul_(distribute_tensor(scale.view(shape).to(mesh.device_type), mesh,
+                                         [Replicate()] * mesh.ndim))
+        else:
+            param.narrow(dim, offset + head * d, d).mul_(factor)
+
+
+def _is_dtensor(t: Tensor) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor  # imported on use: it loads the whole package
+
+    return isinstance(t, DTensor)
 
 
 def check_tau(tau: float) -> float:

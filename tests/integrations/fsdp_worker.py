@@ -1,0 +1,73 @@
+"""Run by ``torchrun --nproc_per_node 2`` in tests/integrations/test_fsdp.py: two attnscale
+attention layers sharded by FSDP2 (``fully_shard``, gloo, CPU) train a few AdamW steps, each
+rank on its half of the batch, with QK-Clip after every step; each rank writes what it saw to
+OUT/rank{r}.json."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+from attnscale.core.nn import MultiheadSelfAttention
+from attnscale.integrations.qkclip import QKClip
+from attnscale.measure.distributed import all_reduce_monitor
+from attnscale.measure.monitor import Monitor
+
+STEPS, LR = 3, 0.05
+
+
+def model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(MultiheadSelfAttention(16, 4, causal=True),
+                         MultiheadSelfAttention(16, 4, causal=True))
+
+
+def batch() -> torch.Tensor:
+    """The whole batch, (4, 9, 16); rank r trains on rows 2r, 2r + 1 (rank 1's logits larger)."""
+    x = torch.randn(4, 9, 16, generator=torch.Generator().manual_seed(1))
+    x[2:] *= 3.0
+    return x
+
+
+def loss_fn(y: torch.Tensor) -> torch.Tensor:
+    return y.pow(2).mean()
+
+
+def main(out: Path, tau: float) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    m = model()
+    for layer in m:
+        fully_shard(layer)
+    fully_shard(m)
+    opt = torch.optim.AdamW(m.parameters(), lr=LR)
+    clip = QKClip(m, tau)
+    mine = batch()[2 * rank:2 * rank + 2]
+    clips = []
+    for _ in range(STEPS):
+        with clip.measure():
+            loss_fn(m(mine)).backward()
+        opt.step()
+        opt.zero_grad()
+        clips.append([c.to_dict() for c in clip.apply()])
+    with torch.no_grad(), Monitor(m) as mon:  # the last batch again, after the last clip
+        m(mine)
+    all_reduce_monitor(mon)
+    record = {"rank": rank, "clips": clips,
+              "after": {k: v.to_dict()["per_head"]["max_abs_logit"]
+                        for k, v in mon.stats().items()},
+              "weights": {n: p.full_tensor().tolist() for n, p in m.named_parameters()},
+              "sharded": [type(p).__name__ for p in m.parameters()]}
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), float(sys.argv[2]))
