@@ -59,13 +59,13 @@ def test_a_flat_healthy_history_never_fires_with_the_defaults():
 
 
 def test_the_default_growth_rule_leads_the_1e4_crossing():
-    """With the shipped defaults (rate 0.12/step from max |logit| 10) a logit growing e-fold
-    every 6.7 steps (0.15/step) raises the alarm at the first sample past 10 (step 20), 45 steps
+    """With the shipped defaults (rate 0.15/step from max |logit| 20) a logit growing e-fold
+    every 5 steps (0.2/step) raises the alarm at the first sample past 20 (step 15), 35 steps
     before it passes 1e4; one growing at 0.1/step is left to the 1e4 level rule."""
     fast = AttentionAlarm(warn=False)
-    feed(fast, lambda t: (math.exp(0.15 * t), 0.5))
-    cross = min(t for t in range(0, 2000, 5) if math.exp(0.15 * t) > 1e4)
-    assert fast.first_step == 20 and cross - fast.first_step == 45
+    feed(fast, lambda t: (math.exp(0.2 * t), 0.5))
+    cross = min(t for t in range(0, 2000, 5) if math.exp(0.2 * t) > 1e4)
+    assert fast.first_step == 15 and cross - fast.first_step == 35
     slow = AttentionAlarm(warn=False)
     feed(slow, lambda t: (math.exp(0.1 * t), 0.5))
     assert slow.rule_steps == {"max_logit": min(t for t in range(0, 2000, 5)

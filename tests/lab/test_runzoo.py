@@ -81,3 +81,34 @@ def test_bad_arguments_name_themselves():
         runzoo.train_member(runzoo.Member("dot", 1e-3, 0, 0), every=0)
     with pytest.raises(ValueError, match="workers"):
         runzoo.train_zoo([], workers=0)
+
+
+def toy_run(name: str, rate: float, diverged: bool) -> dict:
+    """A run whose max |logit| grows from 50 at ``rate`` per step, sampled every 5 steps."""
+    samples = [[s, {"L/max_abs_logit": 50.0 * math.exp(rate * s), "L/entropy_normalized": 0.5}]
+               for s in range(0, 100, 5)]
+    return {"name": name, "samples": samples,
+            "outcome": {"diverged": diverged, "step": 90 if diverged else None,
+                        "reasons": ["stall"] if diverged else []}}
+
+
+TOY_GRID = {"max_logit": (1e4,), "growth_rate": (0.02, 0.04), "growth_floor": (10.0,),
+            "entropy_floor": (0.0,), "entropy_rate": (0.0,), "growth_window": (25,)}
+
+
+def test_a_false_alarm_budget_buys_catches_and_workers_do_not_change_the_choice():
+    """39 calm runs and one healthy run growing at 0.03/step; diverged runs growing at 0.03 and
+    0.05. Rate 0.04 fires on no healthy run and catches one; 0.02 fires on 1 of 40 (2.5%) and
+    catches both. Fewest-first takes 0.04; a 5% budget takes 0.02, a 2% budget 0.04."""
+    runs = ([toy_run(f"calm{i}", 0.0, False) for i in range(39)]
+            + [toy_run("brisk", 0.03, False), toy_run("slow", 0.03, True),
+               toy_run("fast", 0.05, True)])
+    assert tune(runs, TOY_GRID)[0].growth_rate == 0.04
+    chosen, result = tune(runs, TOY_GRID, false_alarm_budget=0.05)
+    assert chosen.growth_rate == 0.02 and result["caught"] == 2 and result["false_alarms"] == 1
+    assert tune(runs, TOY_GRID, false_alarm_budget=0.02)[0].growth_rate == 0.04
+    assert tune(runs, TOY_GRID, false_alarm_budget=0.05, workers=2)[0] == chosen
+    with pytest.raises(ValueError, match="false_alarm_budget"):
+        tune(runs, TOY_GRID, false_alarm_budget=1.0)
+    with pytest.raises(ValueError, match="workers"):
+        tune(runs, TOY_GRID, workers=0)

@@ -97,8 +97,8 @@ class HealthThresholds:
 
     max_logit: float = 1e4
     entropy_floor: float = 0.0
-    growth_rate: float = 0.12
-    growth_floor: float = 10.0
+    growth_rate: float = 0.15
+    growth_floor: float = 20.0
     growth_window: int = 25
     entropy_rate: float = 0.0
 

@@ -15,7 +15,10 @@ run feeds its samples at the steps that are multiples of ``every`` to a fresh
 Tuning (:func:`tune`) picks, over a grid of :class:`HealthThresholds`, the rules with the fewest
 false alarms on the tuning runs, then the most caught, then the longest median lead; ties go to
 the most conservative rules (higher levels and rates), so what is reported on other seeds is not
-an edge case of the tuning seeds.
+an edge case of the tuning seeds. With a false-alarm budget b it picks the most caught among the
+rules that fire on at most a fraction b of the healthy tuning runs (then fewer false alarms, the
+longer lead, the conservative rule), and the fewest false alarms only when none is within b:
+"fewest first" buys a false alarm fewer on the tuning runs at any cost in catches.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -106,23 +110,48 @@ def _grid(grid: Mapping[str, Sequence[float]]) -> list[HealthThresholds]:
     return out
 
 
-def _key(result: Mapping[str, Any], t: HealthThresholds) -> tuple:
+def _key(result: Mapping[str, Any], t: HealthThresholds, budget: float | None) -> tuple:
     lead = result["median_lead"] or 0.0
     conservative = (t.max_logit, -t.entropy_floor, t.growth_rate, t.growth_floor,
                     -t.entropy_rate)
-    return (-result["false_alarms"], result["caught"], lead, *conservative)
+    if budget is None:
+        return (-result["false_alarms"], result["caught"], lead, *conservative)
+    within = result["false_alarms"] <= budget * result["healthy"]
+    return (within, result["caught"] if within else 0, -result["false_alarms"], lead,
+            *conservative)
+
+
+def _best(args: tuple[list[tuple[int, HealthThresholds]], Sequence[Mapping[str, Any]], int,
+                      float | None]) -> tuple[tuple, HealthThresholds, dict[str, Any]] | None:
+    grid, runs, every, budget = args
+    best = None
+    for index, t in grid:
+        result = score_runs(runs, t, every)
+        key = (*_key(result, t, budget), -index)  # full ties: the first in grid order
+        if best is None or key > best[0]:
+            best = (key, t, result)
+    return best
 
 
 def tune(runs: Sequence[Mapping[str, Any]], grid: Mapping[str, Sequence[float]] | None = None,
-         every: int = 5) -> tuple[HealthThresholds, dict[str, Any]]:
+         every: int = 5, false_alarm_budget: float | None = None, workers: int = 1,
+         ) -> tuple[HealthThresholds, dict[str, Any]]:
     """The thresholds of ``grid`` (default :data:`DEFAULT_GRID`) that do best on ``runs``
-    (module docstring), and their score there."""
-    best: tuple[tuple, HealthThresholds, dict[str, Any]] | None = None
-    for t in _grid(DEFAULT_GRID if grid is None else grid):
-        result = score_runs(runs, t, every)
-        key = _key(result, t)
-        if best is None or key > best[0]:
-            best = (key, t, result)
+    (module docstring; ``false_alarm_budget`` a fraction in [0, 1) or None), and their score
+    there; ``workers`` processes share the grid."""
+    workers = check_int("workers", workers, minimum=1)
+    if false_alarm_budget is not None and not 0 <= false_alarm_budget < 1:
+        raise ValueError(f"false_alarm_budget must be in [0, 1) or None, "
+                         f"got {false_alarm_budget!r}")
+    combos = list(enumerate(_grid(DEFAULT_GRID if grid is None else grid)))
+    chunks = [(combos[i::workers], list(runs), every, false_alarm_budget)
+              for i in range(workers)]
+    if workers == 1:
+        found = [_best(chunks[0])]
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            found = list(pool.map(_best, chunks))
+    best = max((f for f in found if f is not None), key=lambda f: f[0], default=None)
     if best is None:
         raise ValueError("grid must hold at least one combination of thresholds")
     return best[1], best[2]

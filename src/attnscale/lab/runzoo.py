@@ -39,8 +39,10 @@ LRS = (3e-3, 1e-2, 3e-2, 1e-1)
 REFERENCE_LR = 3e-3
 WARMUPS = (0, 100)
 SCORES = ("scaled_dot", "dot")
-TUNE_SEEDS = (0, 1)
-REPORT_SEEDS = (2, 3, 4)
+# Seeds 0-9 were seen while the rules and the search were being set (docs/alarm.md, "History");
+# 10-14 were first trained after the rules were fixed.
+TUNE_SEEDS = tuple(range(10))
+REPORT_SEEDS = tuple(range(10, 15))
 BASE: dict[str, Any] = {
     "task": "text", "seq_len": 64, "d_model": 64, "n_heads": 2, "n_layers": 2, "mlp": True,
     "batch_size": 16, "steps": STEPS, "min_lr_ratio": 1.0,  # constant LR after warmup
