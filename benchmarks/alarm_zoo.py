@@ -41,16 +41,16 @@ def load_or_train(cache: str | None, every: int, workers: int,
                   seeds: tuple[int, ...]) -> tuple[list[dict], float]:
     """The zoo's runs for ``seeds`` (those of ``cache`` reused, the other seeds trained) and
     the seconds training took."""
-    runs = json.loads(Path(cache).read_text()) if cache and Path(cache).is_file() else []
-    runs = [r for r in runs if r["member"]["seed"] in seeds]
-    missing = tuple(s for s in seeds if s not in {r["member"]["seed"] for r in runs})
+    cached = json.loads(Path(cache).read_text()) if cache and Path(cache).is_file() else []
+    missing = tuple(s for s in seeds if s not in {r["member"]["seed"] for r in cached})
     start = time.perf_counter()
-    if missing:
-        runs += runzoo.train_zoo(runzoo.members(missing), every=every, workers=workers)
+    if missing:  # each run records its revision, so a cache says when its runs were trained
+        new = runzoo.train_zoo(runzoo.members(missing), every=every, workers=workers)
+        cached += [{**r, "git_rev": git_revision()} for r in new]
+        if cache:
+            Path(cache).write_text(json.dumps(cached))
     took = time.perf_counter() - start
-    if cache:
-        Path(cache).write_text(json.dumps(runs))
-    return runs, took
+    return [r for r in cached if r["member"]["seed"] in seeds], took
 
 
 def first_rules(result: dict) -> dict[str, int]:

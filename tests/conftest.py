@@ -162,3 +162,28 @@ def _stop_group(proc: subprocess.Popen) -> None:
             except ProcessLookupError:
                 return
             time.sleep(0.2)
+
+
+# gloo can abort a rank while it tears down (a C++ thread still joinable at exit), after the
+# rank's work is done: seen twice in about 25 runs of the two-rank tests on a loaded machine
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+@pytest.fixture
+def torchrun():
+    """``run(worker, out, *args, nproc=2, timeout=120)``: ``torchrun --standalone
+    --nproc_per_node NPROC worker OUT *args`` with one thread a rank. Fails with the ranks'
+    output unless it exits 0, or unless its one failure is gloo's teardown abort after every
+    rank wrote OUT/rank{r}.json (the work was done; the test reads what they wrote)."""
+
+    def run(worker: Path, out: Path, *args: str, nproc: int = 2, timeout: int = 120) -> None:
+        exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([exe, "--standalone", f"--nproc_per_node={nproc}", str(worker),
+                               str(out), *args], env=env, capture_output=True, text=True,
+                              timeout=timeout)
+        output = done.stdout[-3000:] + done.stderr[-3000:]
+        written = all((out / f"rank{r}.json").is_file() for r in range(nproc))
+        assert done.returncode == 0 or (written and TEARDOWN_ABORT in output), output
+
+    return run

@@ -1,5 +1,5 @@
-"""Run by ``torchrun --nproc_per_node 2`` in tests/integrations/test_fsdp.py: two attnscale
-attention layers sharded by FSDP2 (``fully_shard``, gloo, CPU) train a few AdamW steps, each
+"""Run by ``torchrun --nproc_per_node 2`` in tests/integrations/test_fsdp.py: three attention
+layers sharded by FSDP2 (``fully_shard``, gloo, CPU) train a few SGD steps, each
 rank on its half of the batch, with QK-Clip after every step; each rank writes what it saw to
 OUT/rank{r}.json."""
 
@@ -19,13 +19,36 @@ from attnscale.integrations.qkclip import QKClip
 from attnscale.measure.distributed import all_reduce_monitor
 from attnscale.measure.monitor import Monitor
 
-STEPS, LR = 3, 0.05
+# SGD, not Adam: a key bias gets an exactly-zero gradient (it shifts a row's logits by a
+# constant), and Adam would turn its float32 rounding noise into full-size, order-dependent steps
+STEPS, LR = 3, 0.5
 
 
-def model() -> nn.Sequential:
+class TorchAttention(nn.Module):
+    """``nn.MultiheadAttention`` as a layer: its fused in_proj_weight (3E, E) and bias."""
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.mha = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mha(x, x, x, need_weights=False)[0]
+
+
+class Parallel(nn.ModuleList):
+    """The sum of its layers, each applied to the input (so each sees logits past τ)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum(layer(x) for layer in self)
+
+
+def model() -> Parallel:
+    """torch's fused in-projection (q and k are row blocks of one parameter, with a bias);
+    separate q/k projections; grouped-query attention with biases (2 key heads for 4: only W_q
+    is scaled)."""
     torch.manual_seed(0)
-    return nn.Sequential(MultiheadSelfAttention(16, 4, causal=True),
-                         MultiheadSelfAttention(16, 4, causal=True))
+    return Parallel([TorchAttention(16, 4), MultiheadSelfAttention(16, 4, causal=True),
+                     MultiheadSelfAttention(16, 4, 2, causal=True, bias=True)])
 
 
 def batch() -> torch.Tensor:
@@ -36,7 +59,8 @@ def batch() -> torch.Tensor:
 
 
 def loss_fn(y: torch.Tensor) -> torch.Tensor:
-    return y.pow(2).mean()
+    """Rewards large outputs, so the logits keep growing and QK-Clip acts at every step."""
+    return -y.pow(2).mean()
 
 
 def main(out: Path, tau: float) -> None:
@@ -46,7 +70,7 @@ def main(out: Path, tau: float) -> None:
     for layer in m:
         fully_shard(layer)
     fully_shard(m)
-    opt = torch.optim.AdamW(m.parameters(), lr=LR)
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
     clip = QKClip(m, tau)
     mine = batch()[2 * rank:2 * rank + 2]
     clips = []

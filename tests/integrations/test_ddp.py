@@ -6,10 +6,6 @@ maxima first, so both replicas clip alike and end with identical weights."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,19 +15,13 @@ pytest.importorskip("transformers")
 WORKER = Path(__file__).with_name("ddp_trainer_worker.py")
 
 
-def torchrun(out: Path, tau: float) -> list[dict]:
-    """Both ranks' records; fails with the ranks' output if torchrun fails or takes > 240 s."""
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([exe, "--standalone", "--nproc_per_node=2", str(WORKER), str(out),
-                           str(tau)], env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+def ranks(out: Path) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
-def test_ranks_pool_their_statistics_stop_together_and_clip_alike(tmp_path):
-    ranks = torchrun(tmp_path, tau=2.0)
-    a, b = ranks
+def test_ranks_pool_their_statistics_stop_together_and_clip_alike(tmp_path, torchrun):
+    torchrun(WORKER, tmp_path, "2.0", timeout=240)
+    a, b = ranks(tmp_path)
     assert a["history"] and a["history"] == b["history"]  # the same pooled numbers
     assert a["health"] == b["health"]  # the same alarm record
     assert a["health"]["alarm_step"] is not None

@@ -6,30 +6,33 @@ be what one process training on the whole batch with QK-Clip gets."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
+
+if not torch.distributed.is_available():
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+try:
+    from torch.distributed.fsdp import fully_shard  # noqa: F401  (FSDP2: torch >= 2.6)
+except ImportError:
+    pytest.skip("FSDP2's fully_shard needs torch >= 2.6", allow_module_level=True)
+
 from fsdp_worker import LR, STEPS, batch, loss_fn, model
 
 from attnscale.integrations.qkclip import QKClip
 from attnscale.measure.monitor import Monitor
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
-TAU = 2.0  # rank 1's half of the batch (x 3) passes it at once; clipped at every step
+# FSDP averages the two halves' float32 gradients in another order than one process's backward:
+# the results agree to float32 rounding amplified over three steps of LR 0.5 (at most 1.1e-5 of
+# a weight measured); a clip missed or applied twice moves them by a factor of 0.03-0.9.
+RTOL = ATOL = 1e-4
+TAU = 0.5  # every layer passes it at once on rank 1's half (x 3); clipped at every step
 
 
-def torchrun(out: Path, tau: float) -> list[dict]:
-    """Both ranks' records; fails with the ranks' output if torchrun fails or takes > 120 s."""
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([exe, "--standalone", "--nproc_per_node=2", str(WORKER), str(out),
-                           str(tau)], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+def ranks(out: Path) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
@@ -37,7 +40,7 @@ def one_process(tau: float) -> tuple[list[list[dict]], dict[str, list], dict[str
     """The same steps in one process on the whole batch: the clips, the final weights and each
     head's max |logit| on the batch after training."""
     m = model()
-    opt = torch.optim.AdamW(m.parameters(), lr=LR)
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
     clip = QKClip(m, tau)
     clips = []
     for _ in range(STEPS):
@@ -52,19 +55,22 @@ def one_process(tau: float) -> tuple[list[list[dict]], dict[str, list], dict[str
     return clips, {n: p.detach().tolist() for n, p in m.named_parameters()}, after
 
 
-def test_fsdp_ranks_clip_their_shards_as_one_process_would(tmp_path):
-    a, b = torchrun(tmp_path, TAU)
+def test_fsdp_ranks_clip_their_shards_as_one_process_would(tmp_path, torchrun):
+    torchrun(WORKER, tmp_path, str(TAU))
+    a, b = ranks(tmp_path)
     assert set(a["sharded"]) == {"DTensor"}  # the parameters really were sharded
     assert a["clips"] == b["clips"] and a["after"] == b["after"]  # pooled: the same everywhere
     clips, weights, after = one_process(TAU)
     assert all(step for step in clips)  # the test exercises the clip at every step
+    assert {c["layer"] for step in clips for c in step} == {"0.mha", "1", "2"}  # every kind
     for fsdp_step, ref_step in zip(a["clips"], clips, strict=True):
         assert [(c["layer"], c["head"]) for c in fsdp_step] == [
             (c["layer"], c["head"]) for c in ref_step]
         np.testing.assert_allclose([c["gamma"] for c in fsdp_step],
-                                   [c["gamma"] for c in ref_step], rtol=1e-4)
+                                   [c["gamma"] for c in ref_step], rtol=RTOL)
     for name, ref in weights.items():
-        np.testing.assert_allclose(a["weights"][name], ref, rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(a["weights"][name], ref, rtol=RTOL, atol=ATOL, err_msg=name)
     # the pooled per-head maxima after training are those of the whole batch in one process
     for name, ref in after.items():
-        np.testing.assert_allclose(a["after"][name], ref, rtol=1e-4, err_msg=name)
+        # a logit multiplies two weights' errors into the inputs' (up to 1.7e-4 measured)
+        np.testing.assert_allclose(a["after"][name], ref, rtol=10 * RTOL, err_msg=name)

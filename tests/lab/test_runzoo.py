@@ -108,6 +108,12 @@ def test_a_false_alarm_budget_buys_catches_and_workers_do_not_change_the_choice(
     assert chosen.growth_rate == 0.02 and result["caught"] == 2 and result["false_alarms"] == 1
     assert tune(runs, TOY_GRID, false_alarm_budget=0.02)[0].growth_rate == 0.04
     assert tune(runs, TOY_GRID, false_alarm_budget=0.05, workers=2)[0] == chosen
+    # full ties (windows 10 / 25 / 50 score alike here): the first in grid order, however the
+    # grid is split between processes
+    tied = {**TOY_GRID, "growth_window": (50, 10, 25)}
+    picks = {tune(runs, tied, false_alarm_budget=0.05, workers=w)[0].growth_window
+             for w in (1, 2, 3)}
+    assert picks == {50}
     with pytest.raises(ValueError, match="false_alarm_budget"):
         tune(runs, TOY_GRID, false_alarm_budget=1.0)
     with pytest.raises(ValueError, match="workers"):

@@ -10,7 +10,7 @@ from attnscale.integrations.alarm_score import replay
 from attnscale.integrations.outcome import label_run
 from attnscale.lab import runzoo, runzoo_hf
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +32,27 @@ def test_a_trainer_run_records_every_loss_and_every_sampled_step(hot_run):
 
 def test_the_callbacks_alarm_is_the_replay_of_its_record(hot_run):
     live = hot_run["callback"]["alarm_step"]
-    assert live is not None and live <= 20
+    assert live in {s for s, _ in hot_run["samples"]}  # it fired, at a sampled step
     assert replay(hot_run["samples"], HealthThresholds(), every=5).first_step == live
+
+
+class ForwardLosses(transformers.TrainerCallback):
+    """Records the loss of every training forward, in order, through a forward hook."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        model.register_forward_hook(lambda m, i, out: self.losses.append(out.loss.item()))
+
+
+def test_losses_sit_at_their_steps():
+    """losses[s - 1] is the loss of the s-th forward: the Trainer's step s."""
+    seen = ForwardLosses()
+    run = runzoo_hf.train_hf_member(runzoo.Member("dot", 1e-2, 0, 0), every=5, steps=6,
+                                    callbacks=[seen])
+    assert len(seen.losses) == 6 and len(set(seen.losses)) == 6
+    assert run["losses"] == pytest.approx(seen.losses, rel=1e-6)
 
 
 def test_scaling_reaches_the_model():

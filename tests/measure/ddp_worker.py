@@ -28,6 +28,14 @@ def model() -> MultiheadSelfAttention:
     return MultiheadSelfAttention(16, 4, causal=True)
 
 
+def finish() -> None:
+    """Wait for the peer, then leave: a rank that tears gloo down while its peer is still in a
+    collective can abort the peer ("terminate called without an active exception", SIGABRT),
+    as it did once in a fresh-clone CI run."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main(out: Path, mismatch: bool = False, nan: bool = False) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -40,7 +48,7 @@ def main(out: Path, mismatch: bool = False, nan: bool = False) -> None:
             all_reduce_monitor(mon)
         except ValueError as e:
             (out / f"rank{rank}.json").write_text(json.dumps({"error": str(e)}))
-        dist.destroy_process_group()
+        finish()
         return
     if nan:  # rank r's head r saw a NaN logit
         for acc in mon.accumulators().values():
@@ -52,7 +60,7 @@ def main(out: Path, mismatch: bool = False, nan: bool = False) -> None:
               "dot": mon.flat_stats("dot"),
               "per_head": {k: v.to_dict()["per_head"] for k, v in mon.stats().items()}}
     (out / f"rank{rank}.json").write_text(json.dumps(record))
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,18 +18,8 @@ from attnscale.measure.monitor import Monitor
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
-def torchrun(out: Path, *extra: str, nproc: int = 2) -> None:
-    """``torchrun --standalone --nproc_per_node NPROC ddp_worker.py OUT``, one thread a rank;
-    fails with the ranks' output if it does not finish in 120 s."""
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([exe, "--standalone", f"--nproc_per_node={nproc}", str(WORKER),
-                           str(out), *extra], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
-
-def test_two_ranks_read_the_statistics_of_the_whole_batch(tmp_path):
-    torchrun(tmp_path)
+def test_two_ranks_read_the_statistics_of_the_whole_batch(tmp_path, torchrun):
+    torchrun(WORKER, tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     m = model()
     with torch.no_grad(), Monitor(m, counterfactuals=True) as whole:
@@ -51,17 +37,17 @@ def test_two_ranks_read_the_statistics_of_the_whole_batch(tmp_path):
     assert ranks[0]["alone"][rows] + ranks[1]["alone"][rows] == expected[rows]
 
 
-def test_ranks_with_different_heads_both_fail_before_any_data_moves(tmp_path):
-    torchrun(tmp_path, "mismatch")
+def test_ranks_with_different_heads_both_fail_before_any_data_moves(tmp_path, torchrun):
+    torchrun(WORKER, tmp_path, "mismatch")
     for r in (0, 1):
         error = json.loads((tmp_path / f"rank{r}.json").read_text())["error"]
         assert "different layers or heads" in error
 
 
-def test_a_nan_max_on_either_rank_is_nan_on_both(tmp_path):
+def test_a_nan_max_on_either_rank_is_nan_on_both(tmp_path, torchrun):
     """Whether MAX propagates NaN is the backend's choice; the pooled max must not depend on
     it, nor on which rank holds the NaN."""
-    torchrun(tmp_path, "nan")
+    torchrun(WORKER, tmp_path, "nan")
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     m = model()
     with torch.no_grad(), Monitor(m, counterfactuals=True) as whole:

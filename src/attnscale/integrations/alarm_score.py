@@ -116,7 +116,7 @@ def _key(result: Mapping[str, Any], t: HealthThresholds, budget: float | None) -
                     -t.entropy_rate)
     if budget is None:
         return (-result["false_alarms"], result["caught"], lead, *conservative)
-    within = result["false_alarms"] <= budget * result["healthy"]
+    within = result["false_alarms"] <= budget * result["healthy"] + 1e-9  # 0.29·100 < 29
     return (within, result["caught"] if within else 0, -result["false_alarms"], lead,
             *conservative)
 

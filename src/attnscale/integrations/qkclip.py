@@ -347,20 +347,21 @@ def _check_heads(layout: _Layout, n_heads: int, name: str) -> None:
 
 def _mul(parts: tuple[Part, ...], head: int, d: int, factor: float) -> None:
     """Multiply the slice [head·d, (head+1)·d) of each part, in place. A sharded parameter
-    (FSDP2's DTensor) is multiplied whole by a replicated vector that is ``factor`` on the slice
-    and 1 elsewhere, so every rank scales its own shard: a slice of a DTensor is a copy, and
-    scaling it in place would change nothing."""
+    (FSDP2's DTensor) is multiplied whole by a vector that is ``factor`` on the slice and 1
+    elsewhere, replicated (every rank builds it: no collective), so each rank scales its own
+    shard: a slice of a DTensor is a copy, and scaling it in place would change nothing."""
     for param, dim, offset in parts:
         if _is_dtensor(param):
-            from torch.distributed.tensor import Replicate, distribute_tensor
+            from torch.distributed.tensor import DTensor, Replicate
 
-            scale = torch.ones(param.shape[dim], dtype=param.dtype)
-            scale[offset + head * d:offset + (head + 1) * d] = factor
             shape = [1] * param.dim()
-            shape[dim] = -1
+            shape[dim] = param.shape[dim]
+            local = param.to_local()
+            scale = torch.ones(shape, dtype=param.dtype, device=local.device)
+            scale.narrow(dim, offset + head * d, d).fill_(factor)
             mesh = param.device_mesh
-            param.mul_(distribute_tensor(scale.view(shape).to(mesh.device_type), mesh,
-                                         [Replicate()] * mesh.ndim))
+            param.mul_(DTensor.from_local(scale, mesh, [Replicate()] * mesh.ndim,
+                                          run_check=False))
         else:
             param.narrow(dim, offset + head * d, d).mul_(factor)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from typing import Any
@@ -79,7 +80,8 @@ def _trainer(member: Member, steps: int, out_dir: str, callbacks: list[Any]) -> 
         output_dir=out_dir, per_device_train_batch_size=batch, max_steps=steps,
         learning_rate=member.lr, warmup_steps=min(member.warmup, steps),
         lr_scheduler_type="constant_with_warmup", weight_decay=1e-4, adam_beta2=0.95,
-        max_grad_norm=1.0, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+        max_grad_norm=1.0, logging_steps=1, logging_nan_inf_filter=False,  # NaN stays NaN
+        save_strategy="no", report_to=[], use_cpu=True,
         seed=member.seed, data_seed=member.seed, disable_tqdm=True, dataloader_num_workers=0)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
                                    callbacks=callbacks)
@@ -87,26 +89,29 @@ def _trainer(member: Member, steps: int, out_dir: str, callbacks: list[Any]) -> 
     return trainer
 
 
-def train_hf_member(member: Member, every: int = 5, steps: int = STEPS) -> dict[str, Any]:
+def train_hf_member(member: Member, every: int = 5, steps: int = STEPS,
+                    callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Train ``member`` through ``Trainer`` single-threaded with the health callback (its
-    default thresholds, no warnings); {"member", "name", "losses", "samples": [[step, stats]],
-    "callback": the callback's :meth:`record`, "every", "elapsed_s"}."""
+    default thresholds, no warnings) and ``callbacks``; {"member", "name", "losses" (the loss
+    of each step, NaN or inf as logged), "samples": [[step, stats]], "callback": the callback's
+    :meth:`record`, "every", "elapsed_s"}."""
     from attnscale.integrations.hf import AttentionHealthCallback
 
     every = check_int("every", every, minimum=1)
     start = time.perf_counter()
     callback = AttentionHealthCallback(every_n_steps=every, warn=False)
     with num_threads(1), tempfile.TemporaryDirectory() as tmp:
-        trainer = _trainer(member, steps, tmp, [callback])
+        trainer = _trainer(member, steps, tmp, [callback, *callbacks])
         callback.attach(trainer)
         trainer.train()
-    losses = [math.nan] * steps
+    logged: list[float | None] = [None] * steps
     for entry in trainer.state.log_history:
         if "loss" in entry and 1 <= entry["step"] <= steps:
-            losses[entry["step"] - 1] = float(entry["loss"])
-    if any(math.isnan(x) for x in losses):
-        missing = sum(math.isnan(x) for x in losses)
+            logged[entry["step"] - 1] = float(entry["loss"])
+    missing = logged.count(None)
+    if missing:
         raise RuntimeError(f"{member.name}: {missing} of {steps} steps logged no loss")
+    losses = [math.nan if x is None else x for x in logged]  # (for the type checker)
     return {"member": asdict(member), "name": f"hf-{member.name}", "losses": losses,
             "samples": [[step, values] for step, values in callback.history],
             "callback": callback.record(), "every": every,
