@@ -71,6 +71,14 @@ def summary(name: str, res: dict) -> str:
             f"healthy; first rule {first_rules(res)}")
 
 
+def print_runs(result: dict, width: int = 31) -> None:
+    """One line per scored run: its label, onset, first alarm, lead and rules' first steps."""
+    for row in result["runs"]:
+        print(f"  {row['name']:<{width}} {'DIVERGED' if row['diverged'] else 'healthy ':<8} "
+              f"onset {row['diverged_step']!s:>4} {','.join(row['reasons']):<14} alarm "
+              f"{row['alarm_step']!s:>4} lead {row['lead']!s:>4} {row['rule_steps']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the results as JSON here")
@@ -101,10 +109,7 @@ def main() -> None:
     print(f"chosen on seeds {runzoo.TUNE_SEEDS}: {chosen}")
     for name, res in results.items():
         print(summary(name, res))
-    for row in results["tuned rules | report set"]["runs"]:
-        print(f"  {row['name']:<28} {'DIVERGED' if row['diverged'] else 'healthy ':<8} "
-              f"onset {row['diverged_step']!s:>4} {','.join(row['reasons']):<14} alarm "
-              f"{row['alarm_step']!s:>4} lead {row['lead']!s:>4} {row['rule_steps']}")
+    print_runs(results["tuned rules | report set"])
     if args.out:
         record = {
             "zoo": {"base": runzoo.BASE, "lrs": runzoo.LRS, "reference_lr": runzoo.REFERENCE_LR,

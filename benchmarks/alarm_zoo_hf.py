@@ -20,7 +20,7 @@ import json
 import time
 from pathlib import Path
 
-from alarm_zoo import EARLIER, PREVIOUS, summary
+from alarm_zoo import EARLIER, PREVIOUS, print_runs, summary
 
 from attnscale.integrations.alarm import HealthThresholds
 from attnscale.integrations.alarm_score import replay, score_runs
@@ -53,10 +53,7 @@ def main() -> None:
         results[f"{name} | HF Trainer zoo"] = score_runs(runs, rules, args.every)
     for name, res in results.items():
         print(summary(name, res))
-    for row in results["shipped defaults | HF Trainer zoo"]["runs"]:
-        print(f"  {row['name']:<31} {'DIVERGED' if row['diverged'] else 'healthy ':<8} "
-              f"onset {row['diverged_step']!s:>4} {','.join(row['reasons']):<14} alarm "
-              f"{row['alarm_step']!s:>4} lead {row['lead']!s:>4} {row['rule_steps']}")
+    print_runs(results["shipped defaults | HF Trainer zoo"])
     if args.out:
         record = {
             "zoo": {"model": "transformers GPT2LMHeadModel", "base": runzoo.BASE,

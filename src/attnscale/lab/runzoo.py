@@ -20,6 +20,7 @@ the same (score, warmup, seed): same initialisation and batches.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -107,30 +108,36 @@ def train_member(member: Member, every: int = 5, steps: int = STEPS) -> dict[str
             "samples": samples, "every": every, "elapsed_s": time.perf_counter() - start}
 
 
-def _train(args: tuple[Member, int, int]) -> dict[str, Any]:
-    return train_member(*args)
+def _train(args: tuple[Callable[..., dict[str, Any]], Member, int, int]) -> dict[str, Any]:
+    train, member, every, steps = args
+    return train(member, every, steps)
 
 
-def train_zoo(zoo: list[Member], every: int = 5, workers: int = 2,
-              steps: int = STEPS) -> list[dict[str, Any]]:
-    """:func:`train_member` for every member, ``workers`` processes (1: in this one)."""
+def train_zoo(zoo: list[Member], every: int = 5, workers: int = 2, steps: int = STEPS,
+              train: Callable[..., dict[str, Any]] = train_member) -> list[dict[str, Any]]:
+    """``train(member, every, steps)`` (a module-level function: default
+    :func:`train_member`) for every member, ``workers`` processes (1: in this one)."""
     workers = check_int("workers", workers, minimum=1)
-    jobs = [(m, every, steps) for m in zoo]
+    jobs = [(train, m, every, steps) for m in zoo]
     if workers == 1:
         return [_train(job) for job in jobs]
     with ProcessPoolExecutor(workers) as pool:
         return list(pool.map(_train, jobs))
 
 
-def label_zoo(runs: list[dict[str, Any]], reference_lr: float = REFERENCE_LR
-              ) -> list[dict[str, Any]]:
+def label_zoo(runs: list[dict[str, Any]], reference_lr: float = REFERENCE_LR,
+              step_offset: int = 0) -> list[dict[str, Any]]:
     """Each run with ``outcome`` (:func:`label_run` against the run of its group at
-    ``reference_lr``; the reference itself against nothing: non-finite or blow-up only)."""
+    ``reference_lr``; the reference itself against nothing: non-finite or blow-up only), its
+    onset moved by ``step_offset`` (1 for loops that count steps from 1)."""
     refs = {Member(**r["member"]).group: r["losses"] for r in runs
             if r["member"]["lr"] == reference_lr}
     out = []
     for r in runs:
         member = Member(**r["member"])
         ref = None if member.lr == reference_lr else refs.get(member.group)
-        out.append({**r, "outcome": label_run(r["losses"], ref).to_dict()})
+        outcome = label_run(r["losses"], ref).to_dict()
+        if outcome["step"] is not None:
+            outcome["step"] += step_offset
+        out.append({**r, "outcome": outcome})
     return out

@@ -22,14 +22,12 @@ import math
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
 import torch
 
-from attnscale.integrations.outcome import label_run
-from attnscale.lab.runzoo import BASE, STEPS, Member
+from attnscale.lab.runzoo import BASE, STEPS, Member, label_zoo, train_zoo
 from attnscale.lab.tasks.text import default_corpus
 from attnscale.lab.train import num_threads
 from attnscale.util.validate import check_int
@@ -118,32 +116,13 @@ def train_hf_member(member: Member, every: int = 5, steps: int = STEPS,
             "elapsed_s": time.perf_counter() - start}
 
 
-def _train(args: tuple[Member, int, int]) -> dict[str, Any]:
-    return train_hf_member(*args)
-
-
 def train_hf_zoo(zoo: list[Member], every: int = 5, workers: int = 2,
                  steps: int = STEPS) -> list[dict[str, Any]]:
     """:func:`train_hf_member` for every member, ``workers`` processes (1: in this one)."""
-    workers = check_int("workers", workers, minimum=1)
-    jobs = [(m, every, steps) for m in zoo]
-    if workers == 1:
-        return [_train(job) for job in jobs]
-    with ProcessPoolExecutor(workers) as pool:
-        return list(pool.map(_train, jobs))
+    return train_zoo(zoo, every, workers, steps, train=train_hf_member)
 
 
 def label_hf_zoo(runs: list[dict[str, Any]], reference_lr: float) -> list[dict[str, Any]]:
     """Each run with ``outcome`` (:func:`label_run` against its group's run at
     ``reference_lr``), the onset moved to the Trainer's 1-based global step (module docstring)."""
-    refs = {Member(**r["member"]).group: r["losses"] for r in runs
-            if r["member"]["lr"] == reference_lr}
-    out = []
-    for r in runs:
-        member = Member(**r["member"])
-        ref = None if member.lr == reference_lr else refs.get(member.group)
-        outcome = label_run(r["losses"], ref).to_dict()
-        if outcome["step"] is not None:
-            outcome["step"] += 1
-        out.append({**r, "outcome": outcome})
-    return out
+    return label_zoo(runs, reference_lr, step_offset=1)
