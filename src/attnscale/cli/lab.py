@@ -34,6 +34,7 @@ from attnscale.lab.analysis import group_key
 from attnscale.lab.build import build_task
 from attnscale.lab.config import TASK_OPTIONS, TrainConfig, model_defaults
 from attnscale.lab.export import write_csv, write_parquet
+from attnscale.lab.leases import LEASE_S
 from attnscale.lab.tasks import TASKS
 from attnscale.util.validate import check_input_file, check_output_file, check_output_folder
 
@@ -225,11 +226,16 @@ def sweep(
     retry_failed: Annotated[
         bool, typer.Option("--retry-failed", help="Run failed configs again.")
     ] = False,
+    lease: Annotated[float, typer.Option(
+        min=1.0, help="Seconds a claimed run stays this driver's without renewal: another "
+        "driver on the same --db takes a killed driver's runs this long after it died.")
+    ] = LEASE_S,
 ) -> None:
     """Run every grid point of a sweep into a SQLite store; rerun the same command to resume.
 
     Finished runs (done, diverged, failed) are skipped; runs a killed sweep left queued or
-    running are redone. Exit status 1 if any run failed.
+    running are redone. Several drivers may share one --db: each trains the runs it claims,
+    none twice, and waits for the runs the others hold. Exit status 1 if any run failed.
     """
     check_input_file("config", config)
     spec = S.load_spec(config)
@@ -244,14 +250,21 @@ def sweep(
             retry_failed=retry_failed,
             source=config,
             progress=report,
+            lease_s=lease,
         )
     console.print(
         f"{counts.total} runs: {counts.done} done, {counts.diverged} diverged, "
-        f"{counts.failed} failed ({counts.skipped} already finished) -> {db}",
+        f"{counts.failed} failed ({counts.skipped} already finished or run by another "
+        f"driver){lost_note(counts.lost)} -> {db}",
         soft_wrap=True,
     )
     if counts.failed:
         raise typer.Exit(1)
+
+
+def lost_note(lost: int) -> str:
+    """The final line's note on results discarded because another driver took the run."""
+    return f"; {lost} trained but taken over by another driver (not stored)" if lost else ""
 
 
 @contextmanager
@@ -261,14 +274,17 @@ def sweep_progress() -> Iterator[Callable[[S.Counts], None]]:
         TextColumn("sweep"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("diverged {task.fields[diverged]}  failed {task.fields[failed]}"),
+        TextColumn("diverged {task.fields[diverged]}  failed {task.fields[failed]}"
+                   "{task.fields[waiting]}"),
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
         console=console,
     )
     def report(c: S.Counts) -> None:
-        fields = {"completed": c.finished, "diverged": c.diverged, "failed": c.failed}
+        waiting = f"  waiting for {c.waiting} held by other drivers" if c.waiting else ""
+        fields = {"completed": c.finished, "diverged": c.diverged, "failed": c.failed,
+                  "waiting": waiting}
         if not progress.task_ids:
             progress.start()
             progress.add_task("sweep", total=c.total, **fields)

@@ -68,8 +68,10 @@ def format_error(e: BaseException) -> str:
 class Executor(Protocol):
     """Runs jobs and yields their outcomes as they finish.
 
-    ``on_start(job_id, worker)`` is called when a job is handed to a worker. A job that
-    raises, or whose worker dies, yields an Outcome with ``error`` set; the others go on.
+    ``on_start(job_id, worker)`` is called before a job is handed to a worker; when it returns
+    False (another sweep driver holds the run: :func:`attnscale.lab.leases.claim`) the job is
+    skipped and yields nothing. A job that raises, or whose worker dies, yields an Outcome with
+    ``error`` set; the others go on.
     """
 
     def __enter__(self) -> Executor: ...
@@ -77,7 +79,7 @@ class Executor(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
     def run(
-        self, jobs: Sequence[Job], on_start: Callable[[str, str | None], None]
+        self, jobs: Sequence[Job], on_start: Callable[[str, str | None], bool | None]
     ) -> Iterator[Outcome]: ...
 
 
@@ -197,20 +199,22 @@ class LocalExecutor:
         self._pool = []
 
     def run(
-        self, jobs: Sequence[Job], on_start: Callable[[str, str | None], None]
+        self, jobs: Sequence[Job], on_start: Callable[[str, str | None], bool | None]
     ) -> Iterator[Outcome]:
         """Hand jobs to idle workers; yield outcomes as they come back."""
         queue = deque(jobs)
         while queue or any(w.job for w in self._pool):
             for i, w in enumerate(self._pool):
-                if w.job is None and queue:
+                while w.job is None and queue:
                     if not w.process.is_alive():  # died between jobs
                         w.conn.close()
                         w = self._pool[i] = self._spawn()
-                    w.job = queue.popleft()
-                    on_start(w.job.id, w.label)
-                    w.conn.send(w.job)
-            yield from self._collect()
+                    job = queue.popleft()
+                    if on_start(job.id, w.label) is not False:  # False: held elsewhere
+                        w.job = job
+                        w.conn.send(job)
+            if any(w.job for w in self._pool):
+                yield from self._collect()
 
     def _collect(self) -> Iterator[Outcome]:
         busy = [w for w in self._pool if w.job is not None]
@@ -281,7 +285,7 @@ class RayExecutor:
             os.environ.pop("RAY_AUTH_MODE", None)
 
     def run(
-        self, jobs: Sequence[Job], on_start: Callable[[str, str | None], None]
+        self, jobs: Sequence[Job], on_start: Callable[[str, str | None], bool | None]
     ) -> Iterator[Outcome]:
         """Keep ``workers`` jobs in flight; yield outcomes as they finish."""
         queue = deque(jobs)
@@ -289,8 +293,10 @@ class RayExecutor:
         while queue or flying:
             while queue and len(flying) < self.workers:
                 job = queue.popleft()
-                on_start(job.id, "ray")
-                flying[self._remote.remote(job)] = job
+                if on_start(job.id, "ray") is not False:  # False: held elsewhere
+                    flying[self._remote.remote(job)] = job
+            if not flying:
+                break
             ready, _ = self._ray.wait(list(flying), num_returns=1)
             for ref in ready:
                 yield self._get(ref, flying.pop(ref))
@@ -340,7 +346,7 @@ class Kept:
             self.close()
 
     def run(
-        self, jobs: Sequence[Job], on_start: Callable[[str, str | None], None]
+        self, jobs: Sequence[Job], on_start: Callable[[str, str | None], bool | None]
     ) -> Iterator[Outcome]:
         return self.inner.run(jobs, on_start)
 

@@ -68,7 +68,9 @@ CREATE TABLE IF NOT EXISTS runs (
     final_metric REAL,
     diverged_step INTEGER,
     steps INTEGER,
-    final_metrics TEXT
+    final_metrics TEXT,
+    lease_owner TEXT,
+    lease_until REAL
 );
 CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
 CREATE TABLE IF NOT EXISTS metrics (
@@ -90,6 +92,8 @@ _RUN_COLUMNS = frozenset({
     "finished_at", "elapsed_s", "versions", "git_rev", "initial_loss", "final_loss",
     "final_metric", "diverged_step", "steps",
 })
+# Columns added later: created when an older database is opened.
+_LATER_COLUMNS = {"final_metrics": "TEXT", "lease_owner": "TEXT", "lease_until": "REAL"}
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 # SQLite's messages for a path it cannot use -> what to tell the caller.
@@ -149,8 +153,9 @@ class Store:
                 if statement.strip():
                     self.conn.execute(statement)
             columns = {row[1] for row in self.conn.execute("PRAGMA table_info(runs)")}
-            if "final_metrics" not in columns:  # a database made before the column existed
-                self.conn.execute("ALTER TABLE runs ADD COLUMN final_metrics TEXT")
+            for name, kind in _LATER_COLUMNS.items():  # a database made before they existed
+                if name not in columns:
+                    self.conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
 
     def _check_ours(self) -> None:
         """Raise ValueError if the file holds tables but not attnscale's ``runs`` table."""
@@ -201,20 +206,28 @@ class Store:
             )
             return c.total_changes - before
 
-    def requeue(self, ids: Iterable[str]) -> None:
-        """Reset runs to queued, dropping any metrics, error and final numbers they had."""
-        ids = list(ids)
-        now = time.time()
+    def requeue(self, ids: Iterable[str], statuses: Iterable[str] = STATUSES) -> int:
+        """Reset runs to queued, dropping any metrics, error and final numbers they had; only
+        runs whose status is one of ``statuses`` as the write happens, and never a run that a
+        sweep driver holds under a live lease (:mod:`attnscale.lab.leases`). Returns how many
+        were reset."""
+        now, wanted = time.time(), list(statuses)
+        marks = ",".join("?" * len(wanted))
+        reset = 0
         with self.transaction() as c:
-            c.executemany("DELETE FROM metrics WHERE run_id = ?", [(i,) for i in ids])
-            c.executemany(
-                "UPDATE runs SET status = 'queued', error = NULL, worker = NULL, queued_at = ?, "
-                "started_at = NULL, finished_at = NULL, elapsed_s = NULL, final_loss = NULL, "
-                "final_metric = NULL, diverged_step = NULL, steps = NULL, initial_loss = NULL, "
-                "final_metrics = NULL "
-                "WHERE id = ?",
-                [(now, i) for i in ids],
-            )
+            for run_id in ids:
+                changed = c.execute(
+                    "UPDATE runs SET status = 'queued', error = NULL, worker = NULL, "
+                    "queued_at = ?, started_at = NULL, finished_at = NULL, elapsed_s = NULL, "
+                    "final_loss = NULL, final_metric = NULL, diverged_step = NULL, steps = NULL, "
+                    "initial_loss = NULL, final_metrics = NULL, lease_owner = NULL, "
+                    f"lease_until = NULL WHERE id = ? AND status IN ({marks}) AND NOT "
+                    "(status = 'running' AND lease_until IS NOT NULL AND lease_until >= ?)",
+                    (now, run_id, *wanted, now)).rowcount
+                if changed:
+                    c.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
+                reset += changed
+        return reset
 
     def mark_running(self, run_id: str, worker: str | None = None) -> None:
         """Status running, with the start time and the worker that took it."""
@@ -224,22 +237,25 @@ class Store:
                 (time.time(), worker, run_id),
             )
 
-    def finish(self, run_id: str, result: Mapping[str, Any]) -> None:
+    def finish(self, run_id: str, result: Mapping[str, Any], owner: str | None = None) -> bool:
         """Write a trainer result (``RunResult.to_dict()``) and its history in one transaction.
 
         The status is the result's (``done`` or ``diverged``); anything else is stored as
-        ``failed``.
+        ``failed``. With ``owner`` (a driver's lease, :mod:`attnscale.lab.leases`) nothing is
+        written unless the run is still running under that lease: a driver whose lease lapsed
+        and was taken over does not overwrite the taker's result. Returns whether it wrote.
         """
         status = result.get("status")
         if status not in FINISHED:
-            self.fail(run_id, f"trainer returned status {status!r}")
-            return
+            return self.fail(run_id, f"trainer returned status {status!r}", owner)
         history = list(result.get("history") or [])
         rows = [
             (run_id, i, h.get("step"), jsonable(h.get("loss")), _json(h))
             for i, h in enumerate(history)
         ]
         with self.transaction() as c:
+            if not _owns(c, run_id, owner):
+                return False
             c.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
             c.executemany(
                 "INSERT INTO metrics (run_id, idx, step, loss, data) VALUES (?, ?, ?, ?, ?)",
@@ -248,7 +264,7 @@ class Store:
             c.execute(
                 "UPDATE runs SET status = ?, error = NULL, finished_at = ?, elapsed_s = ?, "
                 "versions = ?, git_rev = ?, initial_loss = ?, final_loss = ?, final_metric = ?, "
-                "diverged_step = ?, steps = ?, final_metrics = ? WHERE id = ?",
+                "diverged_step = ?, steps = ?, final_metrics = ?, lease_until = NULL WHERE id = ?",
                 (
                     status,
                     time.time(),
@@ -264,15 +280,21 @@ class Store:
                     run_id,
                 ),
             )
+        return True
 
-    def fail(self, run_id: str, error: str) -> None:
-        """Status failed with the error text; the run keeps no metrics."""
+    def fail(self, run_id: str, error: str, owner: str | None = None) -> bool:
+        """Status failed with the error text; the run keeps no metrics. ``owner`` as in
+        :meth:`finish`; returns whether it wrote."""
         with self.transaction() as c:
+            if not _owns(c, run_id, owner):
+                return False
             c.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
             c.execute(
-                "UPDATE runs SET status = 'failed', error = ?, finished_at = ? WHERE id = ?",
+                "UPDATE runs SET status = 'failed', error = ?, finished_at = ?, "
+                "lease_until = NULL WHERE id = ?",
                 (error, time.time(), run_id),
             )
+        return True
 
     def put_measurement(
         self, key: str, value: Any, kind: str | None = None, params: Mapping[str, Any] | None = None
@@ -395,6 +417,14 @@ def _check_path(path: Path) -> None:
             if f.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
                 raise ValueError(f"db: {path} is not a SQLite database")
     check_output_folder("db", path.parent)
+
+
+def _owns(conn: sqlite3.Connection, run_id: str, owner: str | None) -> bool:
+    """Whether ``owner`` (None: anyone) holds ``run_id``'s lease and it is still running."""
+    if owner is None:
+        return True
+    row = conn.execute("SELECT status, lease_owner FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return row is not None and row[0] == "running" and row[1] == owner
 
 
 def _run_dict(row: sqlite3.Row) -> dict[str, Any]:

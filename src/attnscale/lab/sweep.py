@@ -27,7 +27,10 @@ bad TOML raise ValueError with one line that says where.
 Jobs go through an executor (:mod:`attnscale.lab.executors`: a pool of local processes with
 one torch thread each, or Ray) and land in :class:`attnscale.lab.store.Store`. Rerunning a sweep
 skips finished runs (done, diverged, and failed unless ``retry_failed``) and redoes runs left
-queued or running by a sweep that was killed.
+queued or running by a sweep that was killed. Several drivers may run one sweep on one
+database at once: each claims a run before training it, under a lease
+(:mod:`attnscale.lab.leases`), so no run is trained twice and a killed driver's runs are taken
+over when its leases lapse.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import difflib
 import hashlib
 import itertools
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +55,7 @@ from pydantic import (
 )
 
 from attnscale.core.scores import SCORES
+from attnscale.lab import leases
 from attnscale.lab.executors import EXECUTORS, Executor, Job, Outcome, make_executor
 from attnscale.lab.store import FINISHED, Store
 from attnscale.lab.train import TrainConfig
@@ -259,7 +264,11 @@ def _make_point(overrides: dict[str, Any], variant: Variant | None, source: str)
 
 @dataclass
 class Counts:
-    """Progress of one sweep over its own grid points."""
+    """Progress of one sweep over its own grid points: final statuses (``skipped`` of them
+    finished before this sweep started or by another driver), ``to_run`` when it started,
+    ``waiting``: runs another live driver holds, which this one waits for, and ``lost``: runs
+    this driver trained but whose lease another driver had taken over (result not stored; only
+    a driver stalled for longer than its lease loses any)."""
 
     total: int
     done: int = 0
@@ -267,6 +276,8 @@ class Counts:
     failed: int = 0
     skipped: int = 0
     to_run: int = 0
+    waiting: int = 0
+    lost: int = 0
 
     @property
     def finished(self) -> int:
@@ -279,7 +290,9 @@ class Counts:
 
 
 def plan(store: Store, points: Sequence[Point], sweep: str | None, retry_failed: bool):
-    """Insert new points as queued; requeue interrupted (and, if asked, failed) runs.
+    """Insert new points as queued; requeue interrupted (and, if asked, failed) runs. A run
+    another driver holds under a live lease is left alone (it is still a job: the driver
+    waits for it, and takes it over if the lease lapses).
 
     Returns the jobs to run and the counts of runs already finished.
     """
@@ -296,7 +309,9 @@ def plan(store: Store, points: Sequence[Point], sweep: str | None, retry_failed:
             counts.skipped += 1
         else:
             todo.append(Job(p.id, p.config))
-    store.requeue(job.id for job in todo)
+    # as the write happens: a run another driver finished or holds meanwhile is left alone
+    redo = ("queued", "running", "failed") if retry_failed else ("queued", "running")
+    store.requeue((job.id for job in todo), statuses=redo)
     counts.to_run = len(todo)
     return todo, counts
 
@@ -312,6 +327,7 @@ def run_sweep(
     source: str = "<sweep>",
     progress: Callable[[Counts], None] | None = None,
     pool: Executor | None = None,
+    lease_s: float = leases.LEASE_S,
 ) -> Counts:
     """Run every grid point of ``spec`` not yet finished in ``db``; return the counts.
 
@@ -320,7 +336,9 @@ def run_sweep(
     Jobs start longest first (:func:`cost_hint`), so the batch's tail is short runs.
     ``progress(counts)`` is called once before the first run and after every run. ``pool``, an
     executor shared by several sweeps (:class:`attnscale.lab.executors.Kept`), replaces the one
-    ``executor``, ``workers`` and ``address`` would make.
+    ``executor``, ``workers`` and ``address`` would make. ``lease_s``: how long a claim lasts
+    unrenewed (:mod:`attnscale.lab.leases`): another driver takes over a killed one's runs
+    that long after it died.
     """
     specs = [spec] if isinstance(spec, SweepSpec) else list(spec)
     names = sorted({s.name for s in specs})
@@ -335,12 +353,39 @@ def run_sweep(
         if not todo:
             return counts
         todo.sort(key=lambda job: -cost_hint(job.config))  # stable: grid order among equals
-        with pool:
-            for outcome in pool.run(todo, store.mark_running):
-                record_outcome(store, outcome, counts)
-                if progress:
-                    progress(counts)
+        owner = leases.new_owner()
+        with pool, leases.holding(db, store, owner, lease_s):
+            _drive(store, pool, todo, counts, owner, lease_s, progress)
     return counts
+
+
+def _drive(store: Store, pool: Executor, todo: list[Job], counts: Counts, owner: str,
+           lease_s: float, progress: Callable[[Counts], None] | None) -> None:
+    """Rounds until every job is finished: claim and run what is free, then count what other
+    drivers finished and wait (saying so through ``progress``) for what they still hold."""
+    def claim(run_id: str, worker: str | None) -> bool:
+        return leases.claim(store, run_id, owner, worker, lease_s)
+
+    pending, mine = list(todo), set()
+    while pending:
+        for outcome in pool.run(pending, claim):
+            if record_outcome(store, outcome, counts, owner):
+                mine.add(outcome.id)
+            else:
+                counts.lost += 1
+            if progress:
+                progress(counts)
+        state = leases.held(store, [job.id for job in pending], owner)
+        for run_id, status in state.finished.items():
+            if run_id not in mine:  # finished by another driver
+                counts.add(status)
+                counts.skipped += 1
+        pending = [job for job in pending if job.id not in state.finished]
+        counts.waiting = len(state.elsewhere)
+        if progress:
+            progress(counts)
+        if pending and not state.claimable:
+            time.sleep(state.wait_s(cap=min(5.0, lease_s / 4)))
 
 
 def cost_hint(config: dict[str, Any]) -> float:
@@ -355,12 +400,17 @@ def cost_hint(config: dict[str, Any]) -> float:
             * (d * d + n * d))
 
 
-def record_outcome(store: Store, outcome: Outcome, counts: Counts) -> None:
-    """Store one outcome (result or error) and count its final status."""
+def record_outcome(store: Store, outcome: Outcome, counts: Counts,
+                   owner: str | None = None) -> bool:
+    """Store one outcome (result or error) and count its final status; with ``owner``, only
+    while that driver still holds the run's lease. Returns whether it was stored."""
     if outcome.result is not None:
-        store.finish(outcome.id, outcome.result)
+        if not store.finish(outcome.id, outcome.result, owner):
+            return False
         status = outcome.result.get("status")
         counts.add(status if status in FINISHED else "failed")
     else:
-        store.fail(outcome.id, outcome.error or "unknown error")
+        if not store.fail(outcome.id, outcome.error or "unknown error", owner):
+            return False
         counts.add("failed")
+    return True
