@@ -35,6 +35,7 @@ from attnscale.lab import runzoo
 from attnscale.util.jsonio import jsonable
 from attnscale.util.provenance import git_revision, machine, versions
 
+STALL_GAPS = (0.3, 0.4, 0.5)  # the label's stall cut is 0.25 nats; rescored at these
 PREVIOUS = HealthThresholds(max_logit=1e4, entropy_floor=0.1, growth_rate=0.0, entropy_rate=0.0)
 # the rules earlier tunings chose (docs/alarm.md, "History"), scored beside the current choice
 EARLIER = {"first grid, seeds 0-1": HealthThresholds(growth_rate=0.08, growth_floor=20.0),
@@ -111,6 +112,10 @@ def main() -> None:
     if args.frontier:
         _, results["frontier: fit on the report set, 5% budget | report set"] = tune(
             report, DEFAULT_GRID, args.every, false_alarm_budget=0.05, workers=args.workers)
+    for gap in STALL_GAPS:  # how much the label's stall cut decides (docs/alarm.md)
+        relabelled = runzoo.label_zoo(report, gap=gap)
+        results[f"tuned rules | report set | stall gap {gap}"] = score_runs(relabelled, chosen,
+                                                                           args.every)
     for every in (10, 25, 50):
         if every % args.every == 0:
             results[f"tuned rules | report set | every {every}"] = score_runs(report, chosen,

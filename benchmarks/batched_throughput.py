@@ -1,4 +1,4 @@
-"""Can training many small models at once make the lab faster on this CPU? (issue 25)
+"""Can training many small models at once make the lab faster on this CPU?
 
     python benchmarks/batched_throughput.py [--members 8] [--widths 16 32 64 128 256]
         [--budget 8] [--out benchmarks/recorded/batched_throughput_2core.json]

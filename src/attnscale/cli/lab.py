@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import re
+import signal
 import time
 import types
 import typing
@@ -228,17 +229,24 @@ def sweep(
     ] = False,
     lease: Annotated[float, typer.Option(
         min=1.0, help="Seconds a claimed run stays this driver's without renewal: another "
-        "driver on the same --db takes a killed driver's runs this long after it died.")
+        "driver on the same --db takes a killed driver's runs this long after it died (at once "
+        "on the same machine).")
     ] = LEASE_S,
+    patience: Annotated[float, typer.Option(
+        min=0.0, help="Seconds to wait for runs other drivers hold while none of the grid "
+        "finishes; then stop, exit 1 and say how many are still held.")
+    ] = S.PATIENCE_S,
 ) -> None:
     """Run every grid point of a sweep into a SQLite store; rerun the same command to resume.
 
     Finished runs (done, diverged, failed) are skipped; runs a killed sweep left queued or
     running are redone. Several drivers may share one --db: each trains the runs it claims,
-    none twice, and waits for the runs the others hold. Exit status 1 if any run failed.
+    none twice, and waits for the runs the others hold. Exit status 1 if any run failed, or
+    if it gave up waiting for runs other drivers hold (--patience).
     """
     check_input_file("config", config)
     spec = S.load_spec(config)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the sweep hands back its claims
     S.make_executor(executor, workers, address)  # bad --executor / --address: exit 2 here
     with sweep_progress() as report:
         counts = S.run_sweep(
@@ -251,6 +259,7 @@ def sweep(
             source=config,
             progress=report,
             lease_s=lease,
+            patience_s=patience,
         )
     console.print(
         f"{counts.total} runs: {counts.done} done, {counts.diverged} diverged, "
@@ -258,8 +267,15 @@ def sweep(
         f"driver){lost_note(counts.lost)} -> {db}",
         soft_wrap=True,
     )
-    if counts.failed:
+    if counts.waiting:
+        console.print(f"{counts.waiting} runs are still held by other drivers: gave up "
+                      f"waiting after {patience:g} s without a run finishing", soft_wrap=True)
+    if counts.failed or counts.waiting:
         raise typer.Exit(1)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def lost_note(lost: int) -> str:

@@ -10,14 +10,17 @@ them. A driver whose lease lapsed does not overwrite the new holder's result
 (:meth:`attnscale.lab.store.Store.finish` with ``owner``). A driver stopping on an exception
 or Ctrl-C hands its claims back at once (:func:`release`).
 
-Time is the database's clock as each driver reads it (``time.time()``): drivers on one
-machine, or machines whose clocks agree to well under ``lease_s``.
+Times are each driver's own clock (``time.time()``): drivers on one machine, or machines
+whose clocks agree to well under ``lease_s``. A run held by a driver on this machine whose
+process is gone counts as lapsed at once (:func:`expire_dead`), so a sweep killed and started
+again does not wait out its own old leases.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import threading
 import time
 import uuid
@@ -46,6 +49,34 @@ LEASE_S = 120.0
 def new_owner() -> str:
     """A name no other driver has: host, pid and a random suffix."""
     return f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
+
+
+def _dead_here(owner: str) -> bool:
+    """Whether ``owner`` (:func:`new_owner`'s form) is a process of this host that is gone."""
+    host, _, rest = owner.partition(" pid ")
+    pid = rest.split(" ")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # someone else's live process
+        return False
+    return False
+
+
+def expire_dead(store: Store) -> int:
+    """Lapse the leases of drivers on this host whose process is gone; how many runs."""
+    owners = {r[0] for r in store.conn.execute(
+        "SELECT DISTINCT lease_owner FROM runs WHERE status = 'running' AND lease_until "
+        "IS NOT NULL AND lease_owner IS NOT NULL")}
+    dead = [o for o in owners if _dead_here(o)]
+    if not dead:
+        return 0
+    with store.transaction() as c:
+        return sum(c.execute("UPDATE runs SET lease_until = NULL WHERE lease_owner = ? AND "
+                             "status = 'running'", (o,)).rowcount for o in dead)
 
 
 def claim(store: Store, run_id: str, owner: str, worker: str | None = None,
@@ -85,8 +116,8 @@ class Held:
     def __init__(self, finished: dict[str, str], elsewhere: dict[str, float],
                  claimable: list[str]) -> None:
         self.finished = finished    # run id -> final status (done, diverged, failed)
-        self.elsewhere = elsewhere  # run id -> when another driver's live lease ends
-        self.claimable = claimable  # queued, or running under a lapsed lease
+        self.elsewhere = elsewhere  # run id -> when a live lease (another driver's) ends
+        self.claimable = claimable  # queued, or running under a lapsed lease or none
 
     def wait_s(self, cap: float) -> float:
         """Seconds until the first lease held elsewhere may lapse, at most ``cap``."""
@@ -96,17 +127,24 @@ class Held:
 
 
 def held(store: Store, ids: Iterable[str], owner: str) -> Held:
-    """Sort ``ids`` into finished, held by another driver's live lease, and claimable."""
-    now = time.time()
+    """Sort ``ids`` into finished, held under a live lease (another driver's, or ``owner``'s
+    own: a run this driver still trains is not free either), and claimable; a driver of this
+    host that is gone holds nothing (:func:`expire_dead`). Raises ValueError for an id that
+    is not in the store."""
+    expire_dead(store)
+    ids, now = list(ids), time.time()
     finished: dict[str, str] = {}
     elsewhere: dict[str, float] = {}
     claimable: list[str] = []
-    for run in store.runs(ids=list(ids)):
+    runs = store.runs(ids=ids)
+    missing = sorted(set(ids) - {r["id"] for r in runs})
+    if missing:
+        raise ValueError(f"ids: runs {missing[:3]} are not in {store.path}")
+    for run in runs:
         status, until = run["status"], run["lease_until"]
         if status in (*FINISHED, "failed"):
             finished[run["id"]] = status
-        elif status == "running" and until is not None and until >= now \
-                and run["lease_owner"] != owner:
+        elif status == "running" and until is not None and until >= now:
             elsewhere[run["id"]] = until
         else:
             claimable.append(run["id"])
@@ -115,7 +153,10 @@ def held(store: Store, ids: Iterable[str], owner: str) -> Held:
 
 class Heartbeat:
     """A thread renewing ``owner``'s claims in ``db`` every ``lease_s / 4`` seconds, on its
-    own connection (a SQLite connection belongs to one thread); a context manager."""
+    own connection (a SQLite connection belongs to one thread); a context manager. A renewal
+    that fails (a database locked past its busy timeout) is retried at the next beat; when no
+    renewal has succeeded for ``lease_s / 2``, :meth:`check` raises, so the driver stops
+    before its leases can lapse under it."""
 
     def __init__(self, db: str | Path, owner: str, lease_s: float = LEASE_S) -> None:
         self.db, self.owner = db, owner
@@ -123,16 +164,30 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="attnscale-lease", daemon=True)
         self.error: BaseException | None = None
+        # a database no other process can open: nothing to renew, nothing to lapse
+        self.renewed = float("inf") if str(db) == ":memory:" else time.monotonic()
 
     def _beat(self) -> None:
-        if str(self.db) == ":memory:":  # a database no other driver can open
+        if str(self.db) == ":memory:":
             return
         try:
             with Store(self.db) as store:
                 while not self._stop.wait(self.lease_s / 4):
-                    renew(store, self.owner, self.lease_s)
-        except Exception as e:  # surfaced by __exit__: a lease that is not renewed lapses
+                    try:
+                        renew(store, self.owner, self.lease_s)
+                        self.renewed = time.monotonic()
+                    except sqlite3.OperationalError as e:  # locked: the next beat retries
+                        self.error = e
+        except Exception as e:  # reported by check(): the leases are no longer renewed
             self.error = e
+            self.renewed = -float("inf")
+
+    def check(self) -> None:
+        """Raise RuntimeError if the leases went unrenewed for half a lease."""
+        if time.monotonic() - self.renewed > self.lease_s / 2:
+            raise RuntimeError(f"sweep driver {self.owner}: its leases in {self.db} were not "
+                               f"renewed for {self.lease_s / 2:g} s ({self.error}); stopping "
+                               f"before other drivers take its runs over")
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -141,19 +196,17 @@ class Heartbeat:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        if self.error is not None and not any(exc):
-            raise RuntimeError(f"renewing the sweep's leases in {self.db} failed: "
-                               f"{self.error}") from self.error
 
 
 @contextmanager
 def holding(db: str | Path, store: Store, owner: str, lease_s: float = LEASE_S
-            ) -> Iterator[None]:
-    """Renew ``owner``'s leases while the block runs; hand back what it still holds when the
-    block stops early (an exception or Ctrl-C)."""
+            ) -> Iterator[Heartbeat]:
+    """Renew ``owner``'s leases while the block runs (the block gets the
+    :class:`Heartbeat`, to :meth:`~Heartbeat.check`); hand back what it still holds when the
+    block stops early (an exception, Ctrl-C or, in the CLI, SIGTERM)."""
     try:
-        with Heartbeat(db, owner, lease_s):
-            yield
+        with Heartbeat(db, owner, lease_s) as heartbeat:
+            yield heartbeat
     except BaseException:
         release(store, owner)
         raise

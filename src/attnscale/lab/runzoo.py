@@ -126,17 +126,18 @@ def train_zoo(zoo: list[Member], every: int = 5, workers: int = 2, steps: int = 
 
 
 def label_zoo(runs: list[dict[str, Any]], reference_lr: float = REFERENCE_LR,
-              step_offset: int = 0) -> list[dict[str, Any]]:
+              step_offset: int = 0, **criteria: float) -> list[dict[str, Any]]:
     """Each run with ``outcome`` (:func:`label_run` against the run of its group at
     ``reference_lr``; the reference itself against nothing: non-finite or blow-up only), its
-    onset moved by ``step_offset`` (1 for loops that count steps from 1)."""
+    onset moved by ``step_offset`` (1 for loops that count steps from 1); ``criteria`` go to
+    :func:`label_run` (e.g. ``gap=0.4``)."""
     refs = {Member(**r["member"]).group: r["losses"] for r in runs
             if r["member"]["lr"] == reference_lr}
     out = []
     for r in runs:
         member = Member(**r["member"])
         ref = None if member.lr == reference_lr else refs.get(member.group)
-        outcome = label_run(r["losses"], ref).to_dict()
+        outcome = label_run(r["losses"], ref, **criteria).to_dict()
         if outcome["step"] is not None:
             outcome["step"] += step_offset
         out.append({**r, "outcome": outcome})

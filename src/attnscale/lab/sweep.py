@@ -59,6 +59,7 @@ from attnscale.lab import leases
 from attnscale.lab.executors import EXECUTORS, Executor, Job, Outcome, make_executor
 from attnscale.lab.store import FINISHED, Store
 from attnscale.lab.train import TrainConfig
+from attnscale.util.validate import check_float
 
 try:
     import tomllib
@@ -85,6 +86,7 @@ __all__ = [
 ]
 
 ID_LENGTH = 16
+PATIENCE_S = 1800.0  # waiting for other drivers' runs, with no run finishing, gives up after
 
 
 # ------------------------------------------------------------------------------ config
@@ -266,9 +268,9 @@ def _make_point(overrides: dict[str, Any], variant: Variant | None, source: str)
 class Counts:
     """Progress of one sweep over its own grid points: final statuses (``skipped`` of them
     finished before this sweep started or by another driver), ``to_run`` when it started,
-    ``waiting``: runs another live driver holds, which this one waits for, and ``lost``: runs
-    this driver trained but whose lease another driver had taken over (result not stored; only
-    a driver stalled for longer than its lease loses any)."""
+    ``waiting``: runs another live driver holds, which this one waits for (still held when it
+    gave up waiting), and ``lost``: runs this driver trained but whose lease another driver
+    had taken over (result not stored: a driver stalled for longer than its lease)."""
 
     total: int
     done: int = 0
@@ -299,6 +301,7 @@ def plan(store: Store, points: Sequence[Point], sweep: str | None, retry_failed:
     store.add_runs(
         [{"id": p.id, "config": p.config, "variant": p.variant} for p in points], sweep=sweep
     )
+    leases.expire_dead(store)  # a killed driver of this machine holds nothing
     status = {r["id"]: r["status"] for r in store.runs()}
     counts = Counts(total=len(points))
     todo = []
@@ -328,18 +331,25 @@ def run_sweep(
     progress: Callable[[Counts], None] | None = None,
     pool: Executor | None = None,
     lease_s: float = leases.LEASE_S,
+    patience_s: float = PATIENCE_S,
 ) -> Counts:
     """Run every grid point of ``spec`` not yet finished in ``db``; return the counts.
 
     ``spec`` may be several grids of one sweep name (say, each arm at its own chosen LR): their
     points run as one batch, so no worker waits at the end of one grid for the next to start.
     Jobs start longest first (:func:`cost_hint`), so the batch's tail is short runs.
-    ``progress(counts)`` is called once before the first run and after every run. ``pool``, an
+    ``progress(counts)`` is called once before the first run, after every run and after
+    every round of claims (:func:`_drive`). ``pool``, an
     executor shared by several sweeps (:class:`attnscale.lab.executors.Kept`), replaces the one
-    ``executor``, ``workers`` and ``address`` would make. ``lease_s``: how long a claim lasts
-    unrenewed (:mod:`attnscale.lab.leases`): another driver takes over a killed one's runs
-    that long after it died.
+    ``executor``, ``workers`` and ``address`` would make. ``lease_s`` (≥ 1): how long a claim
+    lasts unrenewed (:mod:`attnscale.lab.leases`): another driver takes over a killed one's
+    runs that long after it died (at once if it ran on this machine). Runs that other live
+    drivers hold are waited for, ``progress`` being called at least every 5 s meanwhile, until
+    ``patience_s`` pass with no run of the grid finishing; the counts then say how many are
+    still ``waiting``.
     """
+    lease_s = check_float("lease_s", lease_s, low=1.0, low_inclusive=True)
+    patience_s = check_float("patience_s", patience_s, low=0.0)
     specs = [spec] if isinstance(spec, SweepSpec) else list(spec)
     names = sorted({s.name for s in specs})
     if len(names) != 1:
@@ -354,25 +364,38 @@ def run_sweep(
             return counts
         todo.sort(key=lambda job: -cost_hint(job.config))  # stable: grid order among equals
         owner = leases.new_owner()
-        with pool, leases.holding(db, store, owner, lease_s):
-            _drive(store, pool, todo, counts, owner, lease_s, progress)
+        # pool innermost: on Ctrl-C its workers stop before the claims are handed back
+        with leases.holding(db, store, owner, lease_s) as heartbeat, pool:
+            _drive(store, pool, todo, counts, heartbeat, patience_s, progress)
     return counts
 
 
-def _drive(store: Store, pool: Executor, todo: list[Job], counts: Counts, owner: str,
-           lease_s: float, progress: Callable[[Counts], None] | None) -> None:
+def _drive(store: Store, pool: Executor, todo: list[Job], counts: Counts,
+           heartbeat: leases.Heartbeat, patience_s: float,
+           progress: Callable[[Counts], None] | None) -> None:
     """Rounds until every job is finished: claim and run what is free, then count what other
-    drivers finished and wait (saying so through ``progress``) for what they still hold."""
-    def claim(run_id: str, worker: str | None) -> bool:
-        return leases.claim(store, run_id, owner, worker, lease_s)
+    drivers finished and wait (saying so through ``progress`` and ``counts.waiting``) for what
+    they hold, giving up after ``patience_s`` without any run of the grid finishing."""
+    owner, lease_s = heartbeat.owner, heartbeat.lease_s
+    claimed: list[str] = []
 
-    pending, mine = list(todo), set()
+    def claim(run_id: str, worker: str | None) -> bool:
+        heartbeat.check()  # leases no longer renewed: stop before they lapse under us
+        won = leases.claim(store, run_id, owner, worker, lease_s)
+        if won:
+            claimed.append(run_id)
+        return won
+
+    pending, mine, lost = list(todo), set(), set()
+    last_progress = time.monotonic()
     while pending:
+        claimed.clear()
         for outcome in pool.run(pending, claim):
             if record_outcome(store, outcome, counts, owner):
                 mine.add(outcome.id)
             else:
-                counts.lost += 1
+                lost.add(outcome.id)
+            counts.lost = len(lost - mine)
             if progress:
                 progress(counts)
         state = leases.held(store, [job.id for job in pending], owner)
@@ -380,12 +403,17 @@ def _drive(store: Store, pool: Executor, todo: list[Job], counts: Counts, owner:
             if run_id not in mine:  # finished by another driver
                 counts.add(status)
                 counts.skipped += 1
+        if state.finished or claimed:
+            last_progress = time.monotonic()
         pending = [job for job in pending if job.id not in state.finished]
         counts.waiting = len(state.elsewhere)
         if progress:
             progress(counts)
-        if pending and not state.claimable:
-            time.sleep(state.wait_s(cap=min(5.0, lease_s / 4)))
+        if pending and not claimed:  # nothing was free this round: wait, but not forever
+            if time.monotonic() - last_progress > patience_s:
+                return
+            heartbeat.check()
+            time.sleep(max(0.2, state.wait_s(cap=min(5.0, lease_s / 4))))
 
 
 def cost_hint(config: dict[str, Any]) -> float:
