@@ -36,6 +36,7 @@ from attnscale.lab.build import build_task
 from attnscale.lab.config import TASK_OPTIONS, TrainConfig, model_defaults
 from attnscale.lab.export import write_csv, write_parquet
 from attnscale.lab.leases import LEASE_S
+from attnscale.lab.seeds import parse_seeds, summarize, train_seeds
 from attnscale.lab.tasks import TASKS
 from attnscale.util.validate import check_input_file, check_output_file, check_output_folder
 
@@ -117,16 +118,30 @@ def train(
         "--tensorboard", help="Write loss, LR and per-layer attention statistics every "
         f"--log-every steps as TensorBoard event files here (needs the {runlog.TENSORBOARD_EXTRA} "
         "extra).")] = None,
+    seeds: Annotated[str | None, typer.Option(
+        "--seeds", help="Train at several seeds, e.g. 0-7 or 0,3,5: one result per seed, then "
+        "the mean and 95% interval of the final loss and metric.")] = None,
+    workers: Annotated[int, typer.Option(
+        min=1, help="With --seeds: runs in parallel (one thread each).")] = 1,
     **options: object,
 ) -> None:
     """Train one model: attnscale train --task mqar --score cosine --tau 1 --lr 3e-3 --steps 500.
 
     Every attnscale.lab.config.TrainConfig field is an option; unset ones take the config default.
     A progress bar (stderr) shows loss and steps/s; a summary table or --json record follows.
+    With --seeds, one row per seed and their mean (--json: the records and the summary).
     """
     values = {k: v for k, v in options.items() if v is not None}
     if "text" in values:  # a folder reads "is a directory", a missing file "no file at"
         check_input_file("--text", values["text"])
+    if seeds is not None:
+        several = parse_seeds(seeds)
+        if "seed" in values:
+            raise ValueError("--seeds and --seed: give one of them")
+        if tensorboard is not None:
+            raise ValueError("--tensorboard writes one run: give --seed, not --seeds")
+        train_several(train_config(values), several, workers, as_json)
+        return
     config = train_config(values)
     extra = {}  # run() gets tensorboard= only when asked: callers of run(config, progress) stay
     if tensorboard is not None:
@@ -140,6 +155,53 @@ def train(
         print_json(result.to_dict())
     else:
         print_train_summary(result)
+
+
+def train_several(config: TrainConfig, seeds: tuple[int, ...], workers: int,
+                  as_json: bool) -> None:
+    """``config`` at every seed of ``seeds``; a table (or JSON) of the runs and their mean."""
+    with seeds_progress(len(seeds)) as report:
+        records = train_seeds(config, seeds, workers, on_done=report)
+    summary = summarize(records)
+    if as_json:
+        print_json({"runs": records, "summary": summary})
+        return
+    rows = [(str(r.get("seed")), r.get("status", "-"), fmt(r.get("final_loss"), ".4f"),
+             fmt(r.get("final_metric"), ".4f"),
+             "-" if r.get("diverged_step") is None else str(r["diverged_step"]),
+             fmt(r.get("elapsed_s"), ".1f")) for r in records]
+    loss, metric = summary["final_loss"], summary["final_metric"]
+    rows.append((f"mean of {loss['n']}", "", mean_text(loss), mean_text(metric), "", ""))
+    title = f"train {config.task} / {config.score} at {len(seeds)} seeds"
+    print_table(title, ("seed", "status", "final eval loss", "final metric", "diverged at",
+                        "elapsed s"), [tuple(escape(c) for c in row) for row in rows],
+                left=("status",))
+    for r in records:
+        if r.get("status") == "failed":
+            console.print(f"seed {r['seed']} failed: {r['error'].splitlines()[0]}",
+                          soft_wrap=True)
+    if summary["failed"]:
+        raise typer.Exit(1)
+
+
+def mean_text(ci: dict) -> str:
+    """``2.3456 [2.31, 2.38]``, the mean alone without an interval, or "-"."""
+    if not ci["n"]:
+        return "-"
+    if ci["lo"] is None:
+        return fmt(ci["mean"], ".4f")
+    return f"{ci['mean']:.4f} [{ci['lo']:.4f}, {ci['hi']:.4f}]"
+
+
+@contextmanager
+def seeds_progress(total: int) -> Iterator[Callable[[dict], None]]:
+    """A bar over the seeds on stderr; yields the callback each finished run reports to."""
+    progress = Progress(TextColumn("seeds"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console)
+    task = progress.add_task("seeds", total=total)
+    with shown_from_first_report(progress):
+        progress.start()
+        yield lambda record: progress.advance(task)
 
 
 def train_config(values: dict[str, object]) -> TrainConfig:
