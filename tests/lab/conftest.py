@@ -20,3 +20,32 @@ def store(tmp_path):
             sweep="t",
         )
         yield s
+
+
+class RecordingPool:
+    """A pool that trains nothing: it records the configs of the jobs it may claim (the ones
+    ``on_start`` does not refuse), in order, and reports each as failed (so the store has an
+    outcome for it)."""
+
+    def __init__(self) -> None:
+        self.order: list[dict] = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def run(self, jobs, on_start):
+        from attnscale.lab.executors import Outcome
+
+        for job in jobs:
+            if on_start(job.id, "rec") is not False:
+                self.order.append(job.config)
+                yield Outcome(job.id, None, "recorded, not run")
+
+
+@pytest.fixture
+def recording_pool() -> type[RecordingPool]:
+    """The :class:`RecordingPool` class (a fake executor for run_sweep)."""
+    return RecordingPool

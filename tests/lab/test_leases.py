@@ -166,24 +166,7 @@ def test_requeue_spares_live_claims_and_statuses_not_asked_for(store):
     assert store.history("a") == []
 
 
-class _FailEverything:
-    """A pool that trains nothing: each job it may claim comes back failed."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def run(self, jobs, on_start):
-        from attnscale.lab.executors import Outcome
-
-        for job in jobs:
-            if on_start(job.id, "fake") is not False:
-                yield Outcome(job.id, None, "not run")
-
-
-def test_a_driver_waits_for_a_live_claim_then_gives_up_saying_so(tmp_path):
+def test_a_driver_waits_for_a_live_claim_then_gives_up_saying_so(tmp_path, recording_pool):
     from attnscale.lab.sweep import run_sweep
 
     spec = parse_spec('[base]\ntask = "mqar"\n[axes]\nlr = [1e-3, 1e-2, 1e-1]\n')
@@ -194,11 +177,11 @@ def test_a_driver_waits_for_a_live_claim_then_gives_up_saying_so(tmp_path):
         assert leases.claim(store, held_id, "another-host pid 1 abcd", lease_s=600)
     seen = []
     start = time.monotonic()
-    counts = run_sweep(spec, db, pool=_FailEverything(), patience_s=1.0,
+    counts = run_sweep(spec, db, pool=recording_pool(), patience_s=1.0,
                        progress=lambda c: seen.append(c.waiting))
     assert time.monotonic() - start < 30
     assert (counts.failed, counts.waiting) == (2, 1) and max(seen) == 1
     with Store(db) as store:
         assert store.get(held_id)["lease_owner"] == "another-host pid 1 abcd"
     with pytest.raises(ValueError, match="lease_s"):
-        run_sweep(spec, db, pool=_FailEverything(), lease_s=0.5)
+        run_sweep(spec, db, pool=recording_pool(), lease_s=0.5)

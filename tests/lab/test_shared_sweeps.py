@@ -19,21 +19,17 @@ from attnscale.lab.store import Store
 from attnscale.lab.sweep import expand, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-GRID = """
-[base]
-task = "mqar"
-seq_len = 32
-d_model = 16
-n_heads = 2
-n_layers = 1
-batch_size = 4
-steps = {steps}
-log_every = 50
+SMOKE = ROOT / "configs" / "smoke.toml"  # 2 scores x 2 LRs of a width-16 model
 
-[axes]
-lr = [1e-3, 3e-3, 1e-2, 3e-2]
-seed = [{seeds}]
-"""
+
+def grid(tmp_path: Path, steps: int, seeds: str) -> Path:
+    """The smoke sweep at ``steps`` steps, crossed with ``seeds`` ("0, 1")."""
+    text = SMOKE.read_text().replace("steps = 10\n", f"steps = {steps}\n")
+    path = tmp_path / "grid.toml"
+    path.write_text(text + f"seed = [{seeds}]\n")  # the file ends in its [axes] table
+    return path
+
+
 FINAL = re.compile(r"(\d+) runs: (\d+) done, (\d+) diverged, (\d+) failed \((\d+) already")
 
 
@@ -63,8 +59,7 @@ def rows(db: Path, sql: str) -> list[tuple]:
 
 
 def test_two_drivers_started_together_train_every_run_once(tmp_path):
-    config = tmp_path / "grid.toml"
-    config.write_text(GRID.format(steps=150, seeds="0, 1, 2"))
+    config = grid(tmp_path, 150, "0, 1, 2")
     ids = [p.id for p in expand(load_spec(config))]
     db = tmp_path / "runs.db"
     first, second = driver(config, db), driver(config, db)
@@ -77,8 +72,7 @@ def test_two_drivers_started_together_train_every_run_once(tmp_path):
 
 
 def test_a_second_driver_joins_a_running_one_and_they_share_the_grid(tmp_path):
-    config = tmp_path / "grid.toml"
-    config.write_text(GRID.format(steps=300, seeds="0, 1, 2"))
+    config = grid(tmp_path, 300, "0, 1, 2")
     ids = [p.id for p in expand(load_spec(config))]
     db = tmp_path / "runs.db"
     first = driver(config, db)
@@ -106,8 +100,7 @@ def wait_for_claim(db: Path) -> list[tuple]:
 def test_a_killed_drivers_claim_is_taken_over_at_once_on_its_machine(tmp_path):
     """The dead driver's lease (10 min) would hold its run far past this test's time out: the
     taker sees that the driver's process is gone and takes the run at once."""
-    config = tmp_path / "grid.toml"
-    config.write_text(GRID.format(steps=400, seeds="0"))
+    config = grid(tmp_path, 400, "0")
     ids = [p.id for p in expand(load_spec(config))]
     db = tmp_path / "runs.db"
     killed = driver(config, db, "--lease", "600")

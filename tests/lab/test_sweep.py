@@ -515,29 +515,7 @@ def test_a_kept_pool_serves_several_sweeps_and_opens_only_when_there_is_work(tmp
     assert len({r["worker"] for r in runs}) == 1, runs  # one worker process ran all six
 
 
-class _Recording:
-    """A pool that runs nothing: it records the jobs it is handed, in order, and reports each
-    as failed (so the store has an outcome for it)."""
-
-    def __init__(self) -> None:
-        self.order: list[dict] = []
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def run(self, jobs, on_start):
-        from attnscale.lab.executors import Outcome
-
-        for job in jobs:
-            self.order.append(job.config)
-            on_start(job.id, "rec")
-            yield Outcome(job.id, None, "recorded, not run")
-
-
-def test_grids_of_one_sweep_run_as_one_batch_largest_first(tmp_path):
+def test_grids_of_one_sweep_run_as_one_batch_largest_first(tmp_path, recording_pool):
     """Several grids of one sweep name (each arm at its own LR, as the report's reported seeds
     are) go to the pool as one batch, deduplicated, the widest model first; grids of two names
     are refused by name."""
@@ -546,7 +524,7 @@ def test_grids_of_one_sweep_run_as_one_batch_largest_first(tmp_path):
     base = {"task": "text", "seq_len": 16, "batch_size": 4, "n_layers": 1, "steps": 2}
     grids = [SweepSpec(name="s", base={**base, "d_model": d}, axes={"seed": [0, 1]})
              for d in (16, 64, 32)]
-    pool = _Recording()
+    pool = recording_pool()
     counts = run_sweep([*grids, grids[0]], tmp_path / "b.db", pool=pool)
     assert counts.to_run == 6 and len(pool.order) == 6
     assert [c["d_model"] for c in pool.order] == [64, 64, 32, 32, 16, 16]
@@ -554,4 +532,4 @@ def test_grids_of_one_sweep_run_as_one_batch_largest_first(tmp_path):
     assert cost_hint({"d_model": 64, "seq_len": 16}) > cost_hint({"d_model": 32, "seq_len": 16})
     other = SweepSpec(name="t", base=base, axes={"seed": [0]})
     with pytest.raises(ValueError, match="spec: give one sweep"):
-        run_sweep([grids[0], other], tmp_path / "c.db", pool=_Recording())
+        run_sweep([grids[0], other], tmp_path / "c.db", pool=recording_pool())
