@@ -204,9 +204,11 @@ def holding(db: str | Path, store: Store, owner: str, lease_s: float = LEASE_S
     """Renew ``owner``'s leases while the block runs (the block gets the
     :class:`Heartbeat`, to :meth:`~Heartbeat.check`); hand back what it still holds when the
     block stops early (an exception, Ctrl-C or, in the CLI, SIGTERM)."""
+    finished = False
     try:
         with Heartbeat(db, owner, lease_s) as heartbeat:
             yield heartbeat
-    except BaseException:
-        release(store, owner)
-        raise
+        finished = True
+    finally:
+        if not finished:  # stopped early: the exception goes on once the claims are back
+            release(store, owner)
