@@ -36,6 +36,7 @@ __all__ = [
     "Heartbeat",
     "Held",
     "claim",
+    "expire_dead",
     "held",
     "holding",
     "new_owner",
@@ -116,7 +117,7 @@ class Held:
     def __init__(self, finished: dict[str, str], elsewhere: dict[str, float],
                  claimable: list[str]) -> None:
         self.finished = finished    # run id -> final status (done, diverged, failed)
-        self.elsewhere = elsewhere  # run id -> when a live lease (another driver's) ends
+        self.elsewhere = elsewhere  # run id -> when its live lease ends (any driver's)
         self.claimable = claimable  # queued, or running under a lapsed lease or none
 
     def wait_s(self, cap: float) -> float:
