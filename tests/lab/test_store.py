@@ -146,6 +146,25 @@ def test_a_text_file_is_not_a_database(tmp_path):
         assert s.counts()["queued"] == 0
 
 
+def test_a_second_store_in_one_process_keeps_the_first_ones_writes_visible(tmp_path):
+    """A sweep driver opens a second Store on its database (the lease heartbeat). Were the
+    file opened and closed outside SQLite, the first connection's POSIX locks would go, a
+    reader in another process would delete the WAL as it closed, and the driver's later
+    writes would be seen by no one else."""
+    db = tmp_path / "runs.db"
+    with Store(db) as first:
+        first.add_runs([{"id": "a", "config": {}}])
+        Store(db).close()  # the heartbeat's connection, opened beside the live one
+        read = "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); " \
+               "print(c.execute('SELECT status FROM runs').fetchone()[0]); c.close()"
+        other = [sys.executable, "-c", read, str(db)]
+        subprocess.run(other, check=True, capture_output=True)  # a reader comes and goes
+        first.mark_running("a", "pid 1")
+        seen = subprocess.run(other, check=True, capture_output=True, text=True).stdout
+        assert seen.strip() == "running"
+        assert (tmp_path / "runs.db-wal").exists()
+
+
 def foreign_database(path, schema):
     """A SQLite file made by another program; returns its bytes, to prove it stays untouched."""
     with sqlite3.connect(path) as conn:
