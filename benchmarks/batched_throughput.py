@@ -60,7 +60,7 @@ def arms(width: int, members: int) -> dict:
     """The timed callables at ``width``: a whole step, one pass, M passes, M stacked."""
     trainers = [Trainer(config(width, seed)) for seed in range(members)]
     one = trainers[0]
-    batches = [t.task.train_batch(0, t.config.batch_size) for t in trainers]
+    batches = [t.task.train_batch(0, t.config.optim.batch_size) for t in trainers]
 
     def step() -> None:
         one.step()

@@ -117,9 +117,9 @@ def plain_copy(model: GPT) -> PlainGPT:
 
 def step_flops(cfg: TrainConfig, vocab_size: int, seq_len: int) -> float:
     """Model FLOPs of one training step (module docstring)."""
-    d, b, t = cfg.d_model, cfg.batch_size, seq_len
-    weights = cfg.n_layers * (4 * d * d + (8 * d * d if cfg.mlp else 0)) + d * vocab_size
-    attn = cfg.n_layers * 4 * b * t * t * d * 0.5
+    m, d, b, t = cfg.model, cfg.model.d_model, cfg.optim.batch_size, seq_len
+    weights = m.n_layers * (4 * d * d + (8 * d * d if m.mlp else 0)) + d * vocab_size
+    attn = m.n_layers * 4 * b * t * t * d * 0.5
     return 3 * (2 * b * t * weights + attn)
 
 
@@ -132,11 +132,11 @@ def time_block(trainer: Trainer, steps: int) -> float:
 
 def measure(cfg: TrainConfig, blocks: int) -> dict:
     """Interleaved block timings of the three arms, their ratios and MFU."""
-    every = cfg.log_every
-    cfg = cfg.model_copy(update={"steps": (blocks + 2) * every})  # the last row never falls in
+    every = cfg.run.log_every
+    cfg = cfg.replace(steps=(blocks + 2) * every)  # the last row never falls in
     arms = {
         "attnscale": Trainer(cfg),
-        "attnscale_nostats": Trainer(cfg.model_copy(update={"stats": False})),
+        "attnscale_nostats": Trainer(cfg.replace(stats=False)),
     }
     arms["sdpa"] = Trainer(cfg, model=plain_copy(arms["attnscale"].model))
     batch = arms["sdpa"].task.train_batch(0, 4)
@@ -156,7 +156,7 @@ def measure(cfg: TrainConfig, blocks: int) -> dict:
     flops = step_flops(cfg, task.vocab_size, task.seq_len)
     median = {name: statistics.median(ts) / every for name, ts in times.items()}
     return {
-        "config": cfg.model_dump(),
+        "config": cfg.flat(),
         "blocks": blocks,
         "steps_per_block": every,
         "max_abs_logit_difference_at_init": diff.max().item(),
@@ -202,7 +202,7 @@ def main() -> None:
     sizes = {"d_model": args.d_model, "n_heads": args.heads, "n_layers": args.layers,
              "batch_size": args.batch_size, "threads": args.threads, "mlp": args.mlp}
     cfg = TrainConfig(**{k: v for k, v in sizes.items() if v is not None})
-    with num_threads(cfg.threads):
+    with num_threads(cfg.run.threads):
         record = measure(cfg, args.blocks)
     record.update(versions=versions(), git_rev=git_revision(), machine=machine())
     report(record)

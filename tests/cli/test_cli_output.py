@@ -21,6 +21,7 @@ from attnscale.cli.app import console
 from attnscale.lab import train as T
 from attnscale.lab.build import build_task
 from attnscale.lab.config import TrainConfig
+from attnscale.lab.sections import FIELDS, field_info
 from attnscale.lab.store import Store
 
 if sys.version_info >= (3, 11):
@@ -77,17 +78,18 @@ def test_train_help_shows_the_defaults_runs_use():
     out = runner.invoke(app, ["train", "--help"], env=WIDE)
     assert out.exit_code == 0, out.output
     text = flat(out.stdout)
-    config = TrainConfig()
+    config = TrainConfig().flat()
     for what, field in [("Peak learning rate.", "lr"), ("Optimizer steps.", "steps"),
                         ("Model width.", "d_model"), ("Query heads.", "n_heads"),
                         ("Transformer blocks.", "n_layers"), ("Adam β2.", "beta2")]:
-        assert f"{what} [default: {getattr(config, field)}]" in text, (what, text)
-    pairs = build_task(config).num_kv_pairs  # TASK_DEFAULTS applied: what a run uses
+        assert f"{what} [default: {config[field]}]" in text, (what, text)
+    pairs = build_task(TrainConfig()).num_kv_pairs  # TASK_DEFAULTS applied: what a run uses
     assert f"mqar key-value pairs. [default: {pairs} for mqar]" in text
     assert "mqar key-value pairs (8)" not in text
-    for field, info in TrainConfig.model_fields.items():  # every fixed default is shown
+    for field in FIELDS:  # every fixed default is shown
+        info = field_info(field)
         if info.default is not None and info.default_factory is None:
-            assert f"[default: {getattr(config, field)}" in text, field
+            assert f"[default: {config[field]}" in text, field
 
 
 def test_sweep_help_keeps_its_brackets():
@@ -105,8 +107,8 @@ def fake_run(seen: list[TrainConfig], **task: object):
         return T.RunResult(
             status="done", final_loss=0.7, final_metric=0.5,
             final_metrics={"n": {"loss": 0.7, "metric": 0.5}}, metric_name="accuracy",
-            diverged_step=None, steps=config.steps, initial_loss=2.0, history=[],
-            config=config.model_dump(), task=dict(task), model={}, seed=config.seed,
+            diverged_step=None, steps=config.optim.steps, initial_loss=2.0, history=[],
+            config=config.flat(), task=dict(task), model={}, seed=config.seed,
             versions={}, git_rev="", elapsed_s=1.0, num_params=10)
     return run
 
@@ -114,19 +116,21 @@ def fake_run(seen: list[TrainConfig], **task: object):
 @pytest.mark.parametrize("flags", [
     ["--n-heads", "4", "--n-layers", "3", "--n-kv-heads", "2"],
     ["--heads", "4", "--layers", "3", "--kv-heads", "2"],
-], ids=["config-names", "old-names"])
+    ["--model.n-heads", "4", "--model.n-layers", "3", "--model.n-kv-heads", "2"],
+], ids=["config-names", "old-names", "section-paths"])
 def test_model_options_have_config_names_and_old_aliases(flags, monkeypatch):
     seen: list[TrainConfig] = []
     monkeypatch.setattr(lab.T, "run", fake_run(seen, chance_level=0.25))
     out = runner.invoke(app, ["train", "--json", "--d-model", "32", *flags])
     assert out.exit_code == 0, out.output
-    assert (seen[0].n_heads, seen[0].n_layers, seen[0].n_kv_heads) == (4, 3, 2)
+    model = seen[0].model
+    assert (model.n_heads, model.n_layers, model.n_kv_heads, model.d_model) == (4, 3, 2, 32)
 
 
 def test_help_lists_the_config_name_first():
     text = flat(runner.invoke(app, ["train", "--help"], env=WIDE).stdout)
     for new, old in [("--n-heads", "--heads"), ("--n-layers", "--layers")]:
-        assert f"{new},{old}" in text.replace(", ", ","), text
+        assert f"{new},--model.{new[2:]},{old}" in text.replace(", ", ","), text
 
 
 # -- 5. run summary: the config that matters, the chance level beside the metric --------------

@@ -115,7 +115,7 @@ tau = 10
     assert len(points) == 8
     assert [p.variant for p in points] == ["dot"] * 4 + ["cosine-tau10"] * 4
     p = points[-1]
-    assert p.config == TrainConfig(**p.config).model_dump(mode="json")
+    assert p.config == TrainConfig(**p.config).flat()
     assert p.config["tau"] == 10.0 and p.config["lr"] == 1e-2 and p.config["seed"] == 1
     assert "z_loss" in p.config  # defaults are part of the resolved config (and of the id)
     assert p.id == config_id(p.config) and len(p.id) == 16
@@ -133,6 +133,11 @@ def test_smoke_config_parses():
         ("[bass]\nlr = 1", "bass: unknown key"),
         ("[base]\nlrr = 0.1", "[base] unknown TrainConfig field 'lrr' (did you mean 'lr'?)"),
         ("[axes]\nsteeps = [1]", "[axes] unknown TrainConfig field 'steeps'"),
+        ("[base]\nmodel.d_modle = 8",
+         "[base] unknown TrainConfig field 'model.d_modle' (did you mean 'model.d_model'?)"),
+        ("[base]\noptim.d_model = 8", "[base] unknown TrainConfig field 'optim.d_model'"),
+        ("[base]\nd_model = 8\nmodel.d_model = 16", "[base] model.d_model is given twice"),
+        ("[base]\nmodel = 3", "[base] model must be a table of its fields"),
         ("[[variant]]\nname = 'x'\nfoo = 1", "[variant 'x'] unknown TrainConfig field 'foo'"),
         ("[axes]\nlr = []", "axis 'lr' is empty"),
         ("[axes]\nlr = 0.1", "axes.lr: Input should be a valid list"),

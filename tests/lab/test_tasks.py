@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
+from attnscale.lab.sections import ModelSection
 from attnscale.lab.tasks import (
     IGNORE_INDEX,
     TASKS,
@@ -94,7 +95,7 @@ def test_model_defaults_name_train_config_fields():
     """Each task class states the model settings it needs; the trainer applies them."""
     for name, cls in TASKS.items():
         assert isinstance(cls.model_defaults, dict), name
-        assert set(cls.model_defaults) <= set(TrainConfig.model_fields), name
+        assert set(cls.model_defaults) <= set(ModelSection.model_fields), name
     assert TASKS["mqar"].model_defaults == {}
     # the length task evaluates past its training length: learned positions cannot reach there
     assert TASKS["length"].model_defaults.get("pos") in ("rope", "none")

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnscale import SCORES
+from attnscale.lab.sections import ModelSection
 from attnscale.lab.train import (
     DIVERGENCE_GRACE_STEPS,
     TrainConfig,
@@ -211,14 +212,14 @@ def test_mqar_quick_config_defaults():
     assert (task.name, task.seq_len, task.vocab_size, task.num_kv_pairs) == ("mqar", 64, 256, 4)
     model = build_model(cfg, task)
     assert model.blocks[0].mlp is None and model.config.n_heads == 1
-    assert TrainConfig(task="text").mlp and not TrainConfig(mlp=False, task="text").mlp
+    assert TrainConfig(task="text").model.mlp and not TrainConfig(mlp=False, task="text").model.mlp
     assert not hasattr(TrainConfig(), "use_mlp")  # one name for one setting
     assert build_task(TrainConfig(num_kv_pairs=8)).num_kv_pairs == 8
 
 
 def test_config_help_takes_defaults_from_the_registry():
     for name in ("tau", "cap", "c", "s", "eps"):
-        text = TrainConfig.model_fields[name].description
+        text = ModelSection.model_fields[name].description
         for sc in SCORES.values():
             if name in sc.scalar_params():
                 assert f"{sc.name}: {sc.defaults[name]:g}" in text, (name, text)
@@ -231,8 +232,8 @@ def test_config_round_trips():
 
 @pytest.mark.parametrize(("steps", "warmup"), [(1, 0), (9, 0), (40, 4), (999, 99), (5000, 100)])
 def test_warmup_default_scales_with_steps(steps, warmup):
-    assert TrainConfig(steps=steps).warmup_steps == warmup
-    assert TrainConfig(steps=steps, warmup_steps=steps).warmup_steps == steps  # explicit is kept
+    assert TrainConfig(steps=steps).optim.warmup_steps == warmup
+    assert TrainConfig(steps=steps, warmup_steps=steps).optim.warmup_steps == steps  # explicit
 
 
 def test_tasks_bring_their_model_defaults():
@@ -242,9 +243,9 @@ def test_tasks_bring_their_model_defaults():
     for name, cls in TASKS.items():
         cfg = TrainConfig(task=name)
         for field, value in getattr(cls, "model_defaults", {}).items():
-            assert getattr(cfg, field) == value, (name, field)
-            assert field not in cfg.model_fields_set  # a default, not a user choice
-    assert not TrainConfig().mlp and TrainConfig(mlp=True).mlp  # the user's choice wins
+            assert getattr(cfg.model, field) == value, (name, field)
+            assert field not in cfg.model.model_fields_set  # a default, not a user choice
+    assert not TrainConfig().model.mlp and TrainConfig(mlp=True).model.mlp  # the user's wins
     assert model_defaults("mqar")["mlp"] is False
 
 
@@ -337,7 +338,7 @@ def test_absorb_scale_reproduces_scaled_dot_under_adam():
 def test_absorb_scale_needs_an_unscaled_score():
     with pytest.raises(ValueError, match="absorb_scale"):
         TrainConfig(score="scaled_dot", absorb_scale=True)
-    assert TrainConfig(score="dot", absorb_scale=True).absorb_scale
+    assert TrainConfig(score="dot", absorb_scale=True).model.absorb_scale
 
 
 def test_absorbed_clip_spreads_a_nan_norm_as_torch_does():

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-import inspect
-import re
 import signal
 import time
-import types
-import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated
@@ -27,87 +23,20 @@ from rich.progress import (
 
 from attnscale.cli.app import app, console, fmt, print_json, shown_from_first_report
 from attnscale.cli.tables import print_table
+from attnscale.cli.trainopts import with_train_options
 from attnscale.lab import runlog
 from attnscale.lab import store as St
 from attnscale.lab import sweep as S
 from attnscale.lab import train as T
 from attnscale.lab.analysis import group_key
-from attnscale.lab.build import build_task
-from attnscale.lab.config import TASK_OPTIONS, TrainConfig, model_defaults
+from attnscale.lab.config import TrainConfig
 from attnscale.lab.export import write_csv, write_parquet
 from attnscale.lab.leases import LEASE_S
 from attnscale.lab.seeds import parse_seeds, summarize, train_seeds
 from attnscale.lab.tasks import TASKS
 from attnscale.util.validate import check_input_file, check_output_file, check_output_folder
 
-# Older spellings still accepted for TrainConfig fields (the first name is the field's).
-TRAIN_ALIASES = {"n_heads": ("--heads",), "n_kv_heads": ("--kv-heads",), "n_layers": ("--layers",)}
-# A trailing "(8)." in a field's description: a task class's own default, which the shown
-# default (what runs actually use, TASK_DEFAULTS included) replaces.
-BARE_NUMBER_NOTE = re.compile(r"\s*\(\s*-?[0-9][0-9.e+-]*\s*\)\.$")
 PARQUET_EXTRA = "parquet"  # the pyproject.toml optional-dependency group with pyarrow
-
-
-def with_train_options(
-    command: typer.models.CommandFunctionType,
-) -> typer.models.CommandFunctionType:
-    """Add one option per ``attnscale.lab.config.TrainConfig`` field to ``command``'s signature.
-
-    Every option defaults to None, meaning "the config's default", so the CLI and the config
-    never disagree about defaults and a new config field is an option without further edits.
-    """
-    hints = typing.get_type_hints(command, include_extras=True)
-    params = [
-        p.replace(annotation=hints[p.name])
-        for p in inspect.signature(command).parameters.values()
-        if p.kind != p.VAR_KEYWORD
-    ]
-    resolved = TrainConfig()
-    task = build_task(resolved)
-    for name, info in TrainConfig.model_fields.items():
-        kind, choices = cli_type(info.annotation)
-        flag = "--" + name.replace("_", "-")
-        names = [flag, *TRAIN_ALIASES.get(name, ())]
-        decls = [f"{flag}/--no-{flag[2:]}"] if kind is bool else names
-        default = shown_default(name, resolved, task)
-        help_text = info.description or ""
-        if default:
-            help_text = BARE_NUMBER_NOTE.sub(".", help_text)
-        if choices:
-            help_text += f" One of: {', '.join(choices)}."
-        if default:
-            help_text += f" [default: {default}]"
-        option = typer.Option(*decls, help=escape(help_text))  # help is rich markup: no "[...]"
-        annotation = Annotated[kind | None, option]
-        kw_only = inspect.Parameter.KEYWORD_ONLY
-        params.append(inspect.Parameter(name, kw_only, default=None, annotation=annotation))
-    command.__signature__ = inspect.Signature(params)
-    command.__annotations__ = {p.name: p.annotation for p in params}
-    return command
-
-
-def shown_default(name: str, resolved: TrainConfig, task: object) -> str:
-    """The value a run uses for field ``name`` when the option is not given ("" if it depends
-    on other options), "VALUE for TASK" where the default task sets it."""
-    task_name = resolved.task
-    value = getattr(resolved, name)
-    if name == "seq_len" or name in TASK_OPTIONS or name in model_defaults(task_name):
-        value = getattr(task, name, None) if value is None else value
-        return "" if value is None else f"{value} for {task_name}"
-    info = TrainConfig.model_fields[name]
-    if info.default is None or info.default_factory is not None:
-        return ""
-    return str(value)
-
-
-def cli_type(annotation: object) -> tuple[object, tuple[str, ...]]:
-    """The click-parsable type of a config field (Literal -> str with its choices)."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        annotation = args[0]
-    if typing.get_origin(annotation) is typing.Literal:
-        return str, typing.get_args(annotation)
-    return annotation, ()
 
 
 @app.command()
@@ -149,7 +78,7 @@ def train(
             raise ValueError("--tensorboard needs the tensorboard package: "
                              f"pip install 'attnscale[{runlog.TENSORBOARD_EXTRA}]'")
         extra["tensorboard"] = str(check_output_folder("--tensorboard", tensorboard))
-    with train_progress(config.steps) as report:
+    with train_progress(config.optim.steps) as report:
         result = T.run(config, progress=report, **extra)
     if as_json:
         print_json(result.to_dict())
@@ -172,7 +101,7 @@ def train_several(config: TrainConfig, seeds: tuple[int, ...], workers: int,
              fmt(r.get("elapsed_s"), ".1f")) for r in records]
     loss, metric = summary["final_loss"], summary["final_metric"]
     rows.append((f"mean of {loss['n']}", "", mean_text(loss), mean_text(metric), "", ""))
-    title = f"train {config.task} / {config.score} at {len(seeds)} seeds"
+    title = f"train {config.task.name} / {config.model.score} at {len(seeds)} seeds"
     print_table(title, ("seed", "status", "final eval loss", "final metric", "diverged at",
                         "elapsed s"), [tuple(escape(c) for c in row) for row in rows],
                 left=("status",))

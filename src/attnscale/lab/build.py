@@ -15,6 +15,7 @@ apart: ε matters where √v is small and a global clip sees a different norm.
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 
 import torch
 from torch import nn
@@ -25,12 +26,13 @@ from attnscale.lab.models import GPT, GPTConfig
 from attnscale.lab.tasks import Task, make_task
 
 __all__ = ["absorb_factor", "build_model", "build_optimizer", "build_task", "clip_gradients",
-           "lr_at", "qk_projections"]
+           "gpt_config", "lr_at", "qk_projections"]
 
 
 def build_task(config: TrainConfig) -> Task:
     """The task of ``config`` (its options over :data:`attnscale.lab.config.TASK_DEFAULTS`)."""
-    return make_task(config.task, seq_len=config.seq_len, seed=config.seed, **config.task_options())
+    return make_task(config.task.name, seq_len=config.task.seq_len, seed=config.seed,
+                     **config.task_options())
 
 
 def qk_projections(model: nn.Module) -> list[nn.Parameter]:
@@ -42,39 +44,33 @@ def qk_projections(model: nn.Module) -> list[nn.Parameter]:
 def absorb_factor(config: TrainConfig) -> float:
     """c = d_k^(−1/4) under ``absorb_scale``, else 1: the q and k projections' init and LR are
     multiplied by c and their Adam ε divided by it (module docstring: exactly scaled_dot)."""
-    return (config.d_model // config.n_heads) ** -0.25 if config.absorb_scale else 1.0
+    m = config.model
+    return (m.d_model // m.n_heads) ** -0.25 if m.absorb_scale else 1.0
 
 
 def build_model(config: TrainConfig, task: Task) -> GPT:
     """A :class:`GPT` sized for ``task`` (vocabulary, length, causal), seeded by ``config.seed``
     (q and k projections multiplied by :func:`absorb_factor`)."""
     torch.manual_seed(config.seed)
-    model = GPT(
-        GPTConfig(
-            vocab_size=task.vocab_size,
-            seq_len=task.seq_len,
-            d_model=config.d_model,
-            n_heads=config.n_heads,
-            n_kv_heads=config.n_kv_heads,
-            n_layers=config.n_layers,
-            score=config.score,
-            score_params=config.score_kwargs(),
-            temperature=config.temperature,
-            pos=config.pos,
-            causal=task.causal,
-            init=config.init,
-            init_std=config.init_std,
-            tie_embeddings=config.tie_embeddings,
-            mlp=config.mlp,
-            cue_at=getattr(task, "cue_at", "embedding"),
-        )
-    )
+    model = GPT(gpt_config(config, task))
     factor = absorb_factor(config)
     if factor != 1.0:
         with torch.no_grad():
             for p in qk_projections(model):
                 p.mul_(factor)
     return model
+
+
+def gpt_config(config: TrainConfig, task: Task) -> GPTConfig:
+    """The :class:`GPTConfig` of ``config`` on ``task``: every field of the model section that
+    GPTConfig has, by name; the score's parameters (:meth:`TrainConfig.score_kwargs`); the
+    sizes and the cue from the task."""
+    shared = ({f.name for f in fields(GPTConfig)} & set(type(config.model).model_fields)
+              - {"score_params"})
+    return GPTConfig(**{name: getattr(config.model, name) for name in shared},
+                     score_params=config.score_kwargs(), vocab_size=task.vocab_size,
+                     seq_len=task.seq_len, causal=task.causal,
+                     cue_at=getattr(task, "cue_at", "embedding"))
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
@@ -85,8 +81,8 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     :func:`absorb_factor` for the q and k projections.
     """
     scales = model.lr_scales() if hasattr(model, "lr_scales") else {}
-    absorbed = {id(p) for p in qk_projections(model)} if config.absorb_scale else set()
-    c = absorb_factor(config)
+    absorbed = {id(p) for p in qk_projections(model)} if config.model.absorb_scale else set()
+    c, opt = absorb_factor(config), config.optim
     decays = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))}
     groups: dict[tuple[bool, float, bool], list[nn.Parameter]] = {}
     for name, p in model.named_parameters():
@@ -97,23 +93,22 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
         {
             "params": params,
             "lr_scale": factor,
-            "weight_decay": config.weight_decay / (config.lr * factor) if decay else 0.0,
-            "eps": config.adam_eps / c if qk else config.adam_eps,
+            "weight_decay": opt.weight_decay / (opt.lr * factor) if decay else 0.0,
+            "eps": opt.adam_eps / c if qk else opt.adam_eps,
         }
         for (decay, factor, qk), params in groups.items()
     ]
     return torch.optim.AdamW(
-        param_groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.adam_eps
-    )
+        param_groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.adam_eps)
 
 
 def clip_gradients(model: nn.Module, config: TrainConfig) -> float:
-    """Clip the gradients to norm ``config.grad_clip`` (0: off) and return the norm before.
+    """Clip the gradients to norm ``config.optim.grad_clip`` (0: off) and return the norm before.
 
     Under ``absorb_scale`` the norm is the one the scaled model would see (the q and k
     gradients times c = :func:`absorb_factor`), and every gradient is multiplied by the same
     coefficient min(1, clip/(norm + 1e-6)) as :func:`torch.nn.utils.clip_grad_norm_` uses."""
-    max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
+    max_norm = config.optim.grad_clip if config.optim.grad_clip > 0 else math.inf
     c = absorb_factor(config)
     if c == 1.0:
         return float(nn.utils.clip_grad_norm_(model.parameters(), max_norm))
@@ -134,9 +129,10 @@ def clip_gradients(model: nn.Module, config: TrainConfig) -> float:
 
 def lr_at(step: int, config: TrainConfig) -> float:
     """Linear warmup, then cosine decay to min_lr_ratio·lr (formula in the module docstring)."""
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    span = max(1, config.steps - config.warmup_steps)
-    progress = min(1.0, (step - config.warmup_steps) / span)
-    floor = config.lr * config.min_lr_ratio
-    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (config.lr - floor)
+    opt = config.optim
+    if step < opt.warmup_steps:
+        return opt.lr * (step + 1) / opt.warmup_steps
+    span = max(1, opt.steps - opt.warmup_steps)
+    progress = min(1.0, (step - opt.warmup_steps) / span)
+    floor = opt.lr * opt.min_lr_ratio
+    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (opt.lr - floor)

@@ -39,8 +39,8 @@ def float64() -> Iterator[None]:
 def _undo_corrections(trainer: Trainer, config: TrainConfig) -> None:
     """The absorbed arm with plain ε and a clip on its own norm: LR and init scaling only."""
     for group in trainer.optimizer.param_groups:
-        group["eps"] = config.adam_eps
-    trainer.config = config.model_copy(update={"absorb_scale": False})
+        group["eps"] = config.optim.adam_eps
+    trainer.config = config.replace(absorb_scale=False)
 
 
 def absorbed_identity(config: TrainConfig | dict[str, Any], steps: int = 30,
@@ -52,9 +52,9 @@ def absorbed_identity(config: TrainConfig | dict[str, Any], steps: int = 30,
     """
     steps = check_int("steps", steps, 1)
     base = TrainConfig.model_validate(config) if isinstance(config, dict) else config
-    scaled = base.model_copy(update={"score": "scaled_dot", "absorb_scale": False,
-                                     "steps": max(base.steps, steps), "log_every": 1})
-    absorbed = scaled.model_copy(update={"score": "dot", "absorb_scale": True})
+    scaled = base.replace(score="scaled_dot", absorb_scale=False,
+                          steps=max(base.optim.steps, steps), log_every=1)
+    absorbed = scaled.replace(score="dot", absorb_scale=True)
     c = absorb_factor(absorbed)
     with float64():
         a, b = Trainer(scaled), Trainer(absorbed)
@@ -68,7 +68,7 @@ def absorbed_identity(config: TrainConfig | dict[str, Any], steps: int = 30,
                                   strict=True):
                     rel = float((pa - pb / c).abs().max() / pa.abs().max().clamp_min(1e-300))
                     worst_w = max(worst_w, rel)
-    clipped = sum(row["grad_norm"] > scaled.grad_clip > 0 for row in a.history)
-    return {"steps": steps, "d_k": scaled.d_model // scaled.n_heads, "factor": c,
+    clipped = sum(row["grad_norm"] > scaled.optim.grad_clip > 0 for row in a.history)
+    return {"steps": steps, "d_k": scaled.model.d_model // scaled.model.n_heads, "factor": c,
             "partial": partial, "max_loss_diff": max(abs(x - y) for x, y in losses),
             "max_weight_rel_diff": worst_w, "clipped_steps": clipped, "losses": losses}

@@ -55,8 +55,7 @@ def train_seeds(config: TrainConfig, seeds: Sequence[int], workers: int = 1,
         raise ValueError("seeds: give at least one seed")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    jobs = [Job(str(seed), config.model_copy(update={"seed": seed}).model_dump())
-            for seed in seeds]
+    jobs = [Job(str(seed), config.replace(seed=seed).flat()) for seed in seeds]
     records: dict[str, dict[str, Any]] = {}
     with LocalExecutor(min(workers, len(jobs))) as pool:
         for outcome in pool.run(jobs, lambda job_id, worker: True):

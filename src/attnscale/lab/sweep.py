@@ -6,9 +6,9 @@ point ``[base]``)::
     name = "mqar-lr"                 # a label stored with every run
     description = "..."
 
-    [base]                           # any attnscale.lab.train.TrainConfig field
+    [base]                           # any attnscale.lab.config.TrainConfig field
     task = "mqar"
-    steps = 200
+    optim.steps = 200                # by section path, or flat: steps = 200
 
     [axes]                           # field -> list of values; the grid is their product
     lr = [1e-3, 1e-2]
@@ -19,8 +19,11 @@ point ``[base]``)::
     score = "cosine"
     tau = 10
 
-Every grid point is resolved through ``TrainConfig`` (so defaults are part of it) and gets a
-stable id: the first 16 hex digits of the sha256 of its resolved config as sorted-key JSON.
+A field is named by its flat name (``steps``) or its section path (``optim.steps``, a TOML
+dotted key; quoted as an axis: ``"optim.steps" = [...]``); both are read as the flat name, so
+the spelling never changes a run. Every grid point is resolved through ``TrainConfig`` (so
+defaults are part of it) and gets a stable id: the first 16 hex digits of the sha256 of its
+resolved config as sorted-key JSON.
 Unknown keys anywhere, an empty axis, an unknown score, a variant that sets an axis field, or
 bad TOML raise ValueError with one line that says where.
 
@@ -35,7 +38,6 @@ over when its leases lapse.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import itertools
 import json
@@ -57,6 +59,7 @@ from pydantic import (
 from attnscale.core.scores import SCORES
 from attnscale.lab import leases
 from attnscale.lab.executors import EXECUTORS, Executor, Job, Outcome, make_executor
+from attnscale.lab.sections import flatten
 from attnscale.lab.store import FINISHED, Store
 from attnscale.lab.train import TrainConfig
 from attnscale.util.validate import check_float
@@ -82,7 +85,6 @@ __all__ = [
     "record_outcome",
     "resolve",
     "run_sweep",
-    "train_fields",
 ]
 
 ID_LENGTH = 16
@@ -122,9 +124,28 @@ class SweepSpec(BaseModel):
                 raise ValueError(f"axis {key!r} is empty; give at least one value")
         return axes
 
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_names(cls, data: Any) -> Any:
+        """Every table's section paths as flat names; unknown fields are errors."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key in ("base", "axes"):
+            if isinstance(data.get(key), dict):
+                data[key] = flatten(data[key], f"[{key}] ")
+        if isinstance(data.get("variant"), list):
+            data["variant"] = [
+                {**{k: x for k, x in v.items() if k == "name"},
+                 **flatten({k: x for k, x in v.items() if k != "name"},
+                           f"[variant {v.get('name')!r}] ")}
+                if isinstance(v, dict) else v for v in data["variant"]]
+        return data
+
     @model_validator(mode="after")
-    def _known_fields(self) -> SweepSpec:
-        _check_fields(self)
+    def _known_values(self) -> SweepSpec:
+        _check_scores(self)
+        _check_variants(self)
         return self
 
 
@@ -172,25 +193,6 @@ def _first_error(e: ValidationError) -> str:
     return f"{loc}: {msg}{more}" if loc else f"{msg}{more}"
 
 
-def train_fields() -> list[str]:
-    """The field names of ``attnscale.lab.train.TrainConfig``."""
-    return list(TrainConfig.model_fields)
-
-
-def _check_fields(spec: SweepSpec) -> None:
-    fields = train_fields()
-    tables = [("base", spec.base), ("axes", spec.axes)]
-    tables += [(f"variant {v.name!r}", v.overrides) for v in spec.variant]
-    for where, table in tables:
-        for key in table:
-            if key not in fields:
-                hint = difflib.get_close_matches(key, fields, n=1)
-                maybe = f" (did you mean {hint[0]!r}?)" if hint else ""
-                raise ValueError(f"[{where}] unknown TrainConfig field {key!r}{maybe}")
-    _check_scores(spec)
-    _check_variants(spec)
-
-
 def _check_scores(spec: SweepSpec) -> None:
     values = [("base", spec.base.get("score"))]
     values += [("axes", s) for s in spec.axes.get("score", [])]
@@ -221,7 +223,7 @@ def config_id(config: dict[str, Any]) -> str:
 
 def resolve(overrides: dict[str, Any]) -> dict[str, Any]:
     """A full TrainConfig dict (defaults included) from a set of field values."""
-    return TrainConfig(**overrides).model_dump(mode="json")
+    return TrainConfig(**overrides).flat()
 
 
 def is_current(run: dict[str, Any]) -> bool:

@@ -251,35 +251,37 @@ class Trainer:
         self.diverged_step: int | None = None
         self.writer = writer
         self._window: list[float] = []  # training losses since the last history row
-        self.qk_clip = None if config.qk_clip is None else QKClip(self.model, config.qk_clip)
+        clip = config.optim.qk_clip
+        self.qk_clip = None if clip is None else QKClip(self.model, clip)
         self._clipped = 0  # heads clipped since the last history row
 
     @property
     def done(self) -> bool:
         """True after the last step or a divergence."""
-        return self.diverged_step is not None or self.next_step >= self.config.steps
+        return self.diverged_step is not None or self.next_step >= self.config.optim.steps
 
     def step(self) -> float:
         """One optimizer step; returns its training loss (cross-entropy, without z-loss)."""
         cfg, s = self.config, self.next_step
-        batch = self.task.train_batch(s, cfg.batch_size)
+        batch = self.task.train_batch(s, cfg.optim.batch_size)
         lr = lr_at(s, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         with nullcontext() if self.qk_clip is None else self.qk_clip.measure():
             ce, z = losses(self.model(batch.tokens, batch.scale), batch.targets)
         self.optimizer.zero_grad(set_to_none=True)
-        (ce + cfg.z_loss * z if cfg.z_loss else ce).backward()
+        (ce + cfg.optim.z_loss * z if cfg.optim.z_loss else ce).backward()
         grad_norm = clip_gradients(self.model, cfg)  # exact under absorb_scale (lab.build)
         loss = ce.item()
         if self.initial_loss is None:
             self.initial_loss = loss
         self._window.append(loss)
         diverged = self._diverged(s, loss, grad_norm)
-        if diverged or s % cfg.log_every == 0 or s == cfg.steps - 1 or self._eval_due(s):
+        last = s == cfg.optim.steps - 1
+        if diverged or s % cfg.run.log_every == 0 or last or self._eval_due(s):
             self.history.append(self._row(s, batch, lr, grad_norm, z.item(), diverged))
             if self.writer is not None:
-                sample = head(batch, cfg.stats_batch) if cfg.stats else None
+                sample = head(batch, cfg.run.stats_batch) if cfg.run.stats else None
                 write_row(self.writer, self.history[-1], self.model, sample)
         if diverged:
             self.diverged_step = s
@@ -293,11 +295,12 @@ class Trainer:
     def _diverged(self, step: int, loss: float, grad_norm: float) -> bool:
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             return True
-        limit = self.config.divergence_factor * (self.initial_loss or math.inf)
+        limit = self.config.run.divergence_factor * (self.initial_loss or math.inf)
         return step >= DIVERGENCE_GRACE_STEPS and loss > limit
 
     def _eval_due(self, step: int) -> bool:
-        return self.config.eval_every is not None and step % self.config.eval_every == 0
+        every = self.config.run.eval_every
+        return every is not None and step % every == 0
 
     def _row(
         self, step: int, batch: Batch, lr: float, grad_norm: float, z: float, diverged: bool
@@ -320,8 +323,8 @@ class Trainer:
             row.update(eval_loss=main["loss"], eval_metric=main["metric"])
             if len(results) > 1:
                 row["eval_metrics"] = {k: v["metric"] for k, v in results.items()}
-        if self.config.stats:
-            layers = attention_rows(self.model, head(batch, self.config.stats_batch))
+        if self.config.run.stats:
+            layers = attention_rows(self.model, head(batch, self.config.run.stats_batch))
             if layers:
                 row["layers"] = layers
                 logits = [r["max_abs_logit"] for r in layers if r["max_abs_logit"] is not None]
@@ -343,7 +346,7 @@ class Trainer:
             steps=self.next_step,
             initial_loss=self.initial_loss,
             history=self.history,
-            config=self.config.model_dump(),
+            config=self.config.flat(),
             task=self.task.config,
             model=asdict(model_config) if isinstance(model_config, GPTConfig) else {},
             seed=self.config.seed,
@@ -366,7 +369,7 @@ def run(config: TrainConfig | Mapping[str, Any], progress: Progress | None = Non
     writer = None if tensorboard is None else open_tensorboard(tensorboard)
     start = time.perf_counter()
     try:
-        with num_threads(cfg.threads):
+        with num_threads(cfg.run.threads):
             trainer = Trainer(cfg, writer=writer)
             while not trainer.done:
                 loss = trainer.step()
