@@ -18,6 +18,8 @@ from attnscale.lab.sections import (
     ModelSection,
     OptimSection,
     TextTask,
+    error_path,
+    field_info,
     flatten,
     path_of,
 )
@@ -39,13 +41,30 @@ def test_run_ids_are_those_of_the_flat_config_before_sections(given):
     assert config_id(resolve(dict(given))) == IDS_BEFORE_SECTIONS[given]
 
 
-def test_a_stored_flat_config_loads_and_is_current():
-    stored = resolve({"task": "salience", "cue": "none", "d_model": 64})
-    assert "vocab_size" in stored and stored["vocab_size"] is None  # every task's options
-    config = TrainConfig(**stored)
-    assert config.task.name == "salience" and config.model.d_model == 64
-    assert config.flat() == stored
-    assert is_current({"id": config_id(stored), "config": stored})
+# A config as the flat TrainConfig stored it (every task's options, None where not its task's).
+STORED_BEFORE_SECTIONS = {
+    "absorb_scale": False, "adam_eps": 1e-08, "batch_size": 64, "beta1": 0.9, "beta2": 0.95,
+    "c": None, "cap": None, "cue": "none", "cue_at": None, "d_model": 128,
+    "divergence_factor": 3.0, "eps": None, "eval_batch_size": None, "eval_every": None,
+    "eval_multipliers": None, "eval_size": None, "eval_windows": None, "grad_clip": 1.0,
+    "init": "gpt2", "init_std": 0.02, "jitter": None, "layout": None, "log_every": 25,
+    "lr": 0.001, "min_lr_ratio": 0.1, "mlp": True, "n_heads": 1, "n_kv_heads": None,
+    "n_layers": 2, "num_fillers": None, "num_item_tokens": None, "num_items": None,
+    "num_keys": None, "num_kv_pairs": None, "num_pairs": None, "num_values": None,
+    "pos": "learned", "power_a": None, "s": None, "salient_scale": None, "scale": None,
+    "score": "scaled_dot", "score_params": {}, "seed": 0, "seq_len": None, "stats": True,
+    "stats_batch": 16, "steps": 2000, "task": "salience", "tau": None, "temperature": "fixed",
+    "text": None, "threads": 1, "tie_embeddings": True, "vocab_size": None, "warmup_steps": 100,
+    "weight_decay": 0.0001, "z_loss": 0.0,
+}
+
+
+def test_a_config_stored_before_sections_loads_and_is_current():
+    config = TrainConfig(**STORED_BEFORE_SECTIONS)
+    assert config.task.name == "salience" and config.task.cue == "none"
+    assert config.flat() == STORED_BEFORE_SECTIONS
+    run = {"id": "c846f926647e4c23", "config": STORED_BEFORE_SECTIONS}
+    assert is_current(run) and config_id(config.flat()) == run["id"]
 
 
 def test_three_spellings_of_one_config_are_equal():
@@ -80,6 +99,7 @@ def test_task_defaults_apply_only_where_the_user_left_a_field_unset():
     ({"task": {"name": "text", "vocab_size": 8}}, "vocab_size is not an option of task 'text'"),
     ({"text": "x.txt"}, "text is only for task 'text', not 'mqar'"),
     ({"task": "nope"}, "task must be one of"),
+    ({"task": None}, "task must be one of"),
     ({"model.lr": 1.0}, "unknown TrainConfig field 'model.lr'"),
     ({"d_modle": 8}, "unknown TrainConfig field 'd_modle' \\(did you mean 'd_model'\\?\\)"),
     ({"d_model": 8, "model": {"d_model": 16}}, "model.d_model is given twice"),
@@ -91,14 +111,33 @@ def test_bad_configs_name_the_field(given, words):
         TrainConfig(**given)
 
 
-def test_replace_validates_the_new_config():
+def test_replace_validates_the_new_config_and_works_out_its_defaults_again():
     config = TrainConfig(score="dot", steps=40)
     assert config.replace(seed=3).seed == 3 and config.replace(seed=3).optim.steps == 40
     assert config.replace(**{"model.d_model": 64}).model.d_model == 64
+    assert config.replace(steps=20) == TrainConfig(score="dot", steps=20)  # warmup 2, not 4
+    assert TrainConfig().replace(task="length").model.pos == "rope"  # the new task's default
+    assert TrainConfig(pos="none").replace(task="length").model.pos == "none"  # a user's choice
+    with pytest.raises(ValidationError, match="num_kv_pairs is not an option of task 'text'"):
+        TrainConfig(num_kv_pairs=2).replace(task="text")
     with pytest.raises(ValidationError, match="warmup_steps"):
         config.replace(warmup_steps=41)
     with pytest.raises(ValidationError, match="absorb_scale"):
         config.replace(score="scaled_dot", absorb_scale=True)
+
+
+def test_errors_name_a_path_one_can_type():
+    with pytest.raises(ValidationError) as bad:
+        TrainConfig(task="salience", seq_len=1)
+    assert [error_path(e["loc"]) for e in bad.value.errors()] == ["task.seq_len"]
+    assert error_path(("model", "d_model")) == "model.d_model"
+
+
+def test_an_option_of_several_tasks_has_each_ones_help():
+    assert field_info("layout").description == (
+        "salience layout: pairs or items. length layout: fused or pairs.")
+    assert field_info("layout", "length").description.startswith("length layout")
+    assert field_info("eval_size") is TASK_SECTIONS["mqar"].model_fields["eval_size"]
 
 
 def test_flat_names_are_unique_and_paths_name_their_section():

@@ -135,6 +135,12 @@ def test_a_text_file_is_not_a_database(tmp_path):
     with pytest.raises(ValueError, match=r"^db: .*notes.txt is not a SQLite database"):
         Store(text)
     assert text.read_text().startswith("not a database")  # left as it was
+    long = tmp_path / "long.txt"  # past the size rule: SQLite's own check refuses it
+    long.write_text("not a database, a longer text: refused by SQLite, not by its size\n" * 40)
+    before = long.read_bytes()
+    with pytest.raises(ValueError, match=r"^db: .*long.txt is not a SQLite database"):
+        Store(long)
+    assert long.read_bytes() == before
     tiny = tmp_path / "x.txt"
     tiny.write_text("x")  # SQLite itself would overwrite a file this short
     with pytest.raises(ValueError, match="is not a SQLite database"):

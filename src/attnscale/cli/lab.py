@@ -32,6 +32,7 @@ from attnscale.lab.analysis import group_key
 from attnscale.lab.config import TrainConfig
 from attnscale.lab.export import write_csv, write_parquet
 from attnscale.lab.leases import LEASE_S
+from attnscale.lab.sections import error_path
 from attnscale.lab.seeds import parse_seeds, summarize, train_seeds
 from attnscale.lab.tasks import TASKS
 from attnscale.util.validate import check_input_file, check_output_file, check_output_folder
@@ -140,7 +141,7 @@ def train_config(values: dict[str, object]) -> TrainConfig:
     except ValidationError as e:
         parts = []
         for err in e.errors():
-            where = ".".join(str(x) for x in err["loc"])
+            where = error_path(err["loc"])
             msg = err["msg"].removeprefix("Value error, ")
             parts.append(f"{where}: {msg}" if where else msg)
         raise ValueError("; ".join(parts)) from None

@@ -24,8 +24,8 @@ TRAIN_ALIASES = {"n_heads": ("--heads",), "n_kv_heads": ("--kv-heads",), "n_laye
 # default (what runs actually use, TASK_DEFAULTS included) replaces.
 BARE_NUMBER_NOTE = re.compile(r"\s*\(\s*-?[0-9][0-9.e+-]*\s*\)\.$")
 # The help panels of the train options: section -> title ("" is the top-level seed).
-PANELS = {"task": "Task", "model": "Model", "optim": "Optimizer and schedule", "": "Model",
-          "run": "Logging and control"}
+PANELS = {"task": "Task", "model": "Model", "optim": "Optimizer and schedule",
+          "": "Seed, logging and control", "run": "Seed, logging and control"}
 
 
 def with_train_options(

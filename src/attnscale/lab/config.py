@@ -120,8 +120,7 @@ class TrainConfig(BaseModel):
         if not isinstance(data, dict):
             return data
         flat = flatten(data)
-        task = flat.pop("task", None)
-        task = "mqar" if task is None else task
+        task = flat.pop("task", "mqar")
         if task not in TASK_SECTIONS:
             raise ValueError(f"task must be one of {sorted(TASK_SECTIONS)}, got {task!r}")
         accepted = TASK_SECTIONS[task].model_fields
@@ -224,9 +223,12 @@ class TrainConfig(BaseModel):
         return out
 
     def replace(self, **changes: Any) -> TrainConfig:
-        """A new config, validated, with ``changes`` (flat names or section paths) over this
-        one's values: ``config.replace(seed=3)``."""
-        return TrainConfig(**{**self.flat(), **flatten(changes, "changes")})
+        """A new config, validated, with ``changes`` (flat names or section paths) over the
+        fields this one was given: ``config.replace(seed=3)``. Values this one filled in by
+        default (the warmup from its steps, the task's model settings) are worked out again."""
+        sections = {name: getattr(self, name) for name in ("task", *SECTIONS)}
+        given = {**flatten(sections), "seed": self.seed}
+        return TrainConfig(**{**given, **flatten(changes, "changes: ")})
 
     def score_kwargs(self) -> dict[str, float]:
         """The score parameters that were set (own fields and ``score_params``), for

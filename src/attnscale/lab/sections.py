@@ -34,6 +34,7 @@ __all__ = [
     "SalienceTask",
     "TaskSection",
     "TextTask",
+    "error_path",
     "field_info",
     "flatten",
     "path_of",
@@ -67,14 +68,19 @@ class TaskBase(Section):
         return out
 
 
-class MqarTask(TaskBase):
+class SampledTask(TaskBase):
+    """A task whose eval set is a number of sampled sequences."""
+
+    eval_size: int | None = Field(None, description="Eval sequences (task default).")
+
+
+class MqarTask(SampledTask):
     """Multi-query associative recall (Arora et al. 2023, arXiv:2312.04927)."""
 
     name: Literal["mqar"] = "mqar"
     vocab_size: int | None = Field(None, description="mqar vocabulary (256; Zoology uses 8192).")
     num_kv_pairs: int | None = Field(None, description="mqar key-value pairs (4).")
     power_a: float | None = Field(None, description="mqar query-gap power law (0.01).")
-    eval_size: int | None = Field(None, description="Eval sequences (task default).")
 
 
 class TextTask(TaskBase):
@@ -85,35 +91,31 @@ class TextTask(TaskBase):
     eval_windows: int | None = Field(None, description="text eval windows (32).")
 
 
-class SalienceTask(TaskBase):
+class SalienceTask(SampledTask):
     """Recall of the one item marked only by its embedding's norm."""
 
     name: Literal["salience"] = "salience"
     num_items: int | None = Field(None, description="salience items per sequence (8).")
     num_item_tokens: int | None = Field(None, description="salience item vocabulary (64).")
-    num_values: int | None = Field(None, description="value vocabulary (salience 64, length 16).")
+    num_values: int | None = Field(None, description="salience value vocabulary (64).")
     salient_scale: float | None = Field(None, description="salience embedding scale (3.0).")
     jitter: float | None = Field(None, description="salience scale jitter (0.1).")
     cue: str | None = Field(None, description="salience cue: scale, token or none.")
-    layout: str | None = Field(
-        None, description="salience: pairs or items; length: fused or pairs.")
+    layout: str | None = Field(None, description="salience layout: pairs or items.")
     cue_at: str | None = Field(
         None, description="salience cue applied to: embedding (default) or key (after W_k).")
-    eval_size: int | None = Field(None, description="Eval sequences (task default).")
 
 
-class LengthTask(TaskBase):
+class LengthTask(SampledTask):
     """Key-value recall trained at one length and evaluated at multiples of it."""
 
     name: Literal["length"] = "length"
-    layout: str | None = Field(
-        None, description="salience: pairs or items; length: fused or pairs.")
+    layout: str | None = Field(None, description="length layout: fused or pairs.")
     num_pairs: int | None = Field(None, description="length key-value pairs (4).")
     num_keys: int | None = Field(None, description="length key vocabulary (16).")
-    num_values: int | None = Field(None, description="value vocabulary (salience 64, length 16).")
+    num_values: int | None = Field(None, description="length value vocabulary (16).")
     num_fillers: int | None = Field(None, description="length filler vocabulary (64).")
     eval_multipliers: list[int] | None = Field(None, description="length eval lengths / n.")
-    eval_size: int | None = Field(None, description="Eval sequences (task default).")
 
 
 TASK_SECTIONS: dict[str, type[TaskBase]] = {
@@ -228,15 +230,23 @@ class RunSection(Section):
 SECTIONS: dict[str, type[Section]] = {
     "model": ModelSection, "optim": OptimSection, "run": RunSection,
 }
-# flat name -> section ("task" for every task option; "" for the top-level seed)
-FIELDS: dict[str, str] = {"task": "task", "seed": ""}
-for _cls in TASK_SECTIONS.values():
-    FIELDS.update({n: "task" for n in _cls.model_fields if n != "name"})
-for _section, _cls in SECTIONS.items():
-    FIELDS.update({n: _section for n in _cls.model_fields})
-if len(FIELDS) != 1 + len({n for c in TASK_SECTIONS.values() for n in c.model_fields}) + sum(
-        len(c.model_fields) for c in SECTIONS.values()):  # pragma: no cover - a coding error
-    raise RuntimeError("a flat field name is used by two sections")
+
+
+def _flat_fields() -> dict[str, str]:
+    """Flat name -> section ("task" for every task option, "" for the top-level seed); raises
+    RuntimeError if two sections share a name (a coding error, caught at import)."""
+    fields = {"task": "task", "seed": ""}
+    fields.update({n: "task" for c in TASK_SECTIONS.values() for n in c.model_fields
+                   if n != "name"})
+    for section, cls in SECTIONS.items():
+        shared = set(cls.model_fields) & set(fields)
+        if shared:
+            raise RuntimeError(f"section {section} reuses the flat names {sorted(shared)}")
+        fields.update({n: section for n in cls.model_fields})
+    return fields
+
+
+FIELDS: dict[str, str] = _flat_fields()
 
 
 def path_of(name: str) -> str:
@@ -246,8 +256,9 @@ def path_of(name: str) -> str:
 
 
 def field_info(name: str, task: str = "mqar") -> FieldInfo:
-    """The pydantic field behind flat name ``name`` (a task option: ``task``'s, else the first
-    task's that has it)."""
+    """The pydantic field behind flat name ``name``; a task option that several tasks have
+    with their own meanings (``layout``) gets one field whose help joins theirs, ``task``'s
+    first."""
     section = FIELDS[name]
     if section in SECTIONS:
         return SECTIONS[section].model_fields[name]
@@ -257,8 +268,22 @@ def field_info(name: str, task: str = "mqar") -> FieldInfo:
     if name == "seed":
         return FieldInfo(annotation=int, default=0,
                          description="Seed of the initialization and the data.")
-    owners = [TASK_SECTIONS[task], *TASK_SECTIONS.values()]
-    return next(c.model_fields[name] for c in owners if name in c.model_fields)
+    owners = [c.model_fields[name] for c in (TASK_SECTIONS[task], *TASK_SECTIONS.values())
+              if name in c.model_fields]
+    described = list(dict.fromkeys(f.description for f in owners))  # several tasks' own option
+    if len(described) == 1:
+        return owners[0]
+    return FieldInfo(annotation=owners[0].annotation, default=None,
+                     description=" ".join(described))
+
+
+def error_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as a path one can type: ``("task", "mqar", "seq_len")``
+    -> ``task.seq_len`` (the union's tag dropped)."""
+    parts = [str(p) for p in loc]
+    if len(parts) > 2 and parts[0] == "task" and parts[1] in TASK_SECTIONS:
+        del parts[1]
+    return ".".join(parts)
 
 
 def flatten(table: dict[str, Any], where: str = "") -> dict[str, Any]:

@@ -39,7 +39,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from attnscale.util.jsonio import dumps, jsonable
 from attnscale.util.provenance import git_revision, versions
@@ -409,30 +408,18 @@ class Store:
 
 
 def _check_path(path: Path) -> None:
-    """``path`` can hold a database: not a directory nor a non-empty non-SQLite file (SQLite
-    would overwrite a very short one), in a folder that exists or can be made."""
+    """``path`` can hold a database: not a directory, not a file too short to be one (SQLite
+    would take one of under 16 bytes for an empty database and overwrite it; a longer file
+    that is not a database it refuses itself), in a folder that exists or can be made.
+
+    The file is never opened here: closing any descriptor of a file drops every POSIX lock
+    this process holds on it, so a second Store beside a live one (the lease heartbeat) would
+    strip the first of its locks, and another process could then delete the WAL under it."""
     if path.is_dir():
         raise ValueError(f"db: {path} is a directory, not a SQLite database file")
-    size = path.stat().st_size if path.is_file() else 0
-    if size and (size < _SMALLEST_PAGE or not _is_sqlite(path)):  # SQLite writes whole pages
+    if path.is_file() and 0 < path.stat().st_size < _SMALLEST_PAGE:  # SQLite writes pages
         raise ValueError(f"db: {path} is not a SQLite database")
     check_output_folder("db", path.parent)
-
-
-def _is_sqlite(path: Path) -> bool:
-    """Whether SQLite reads ``path`` as a database, asked through a read-only connection;
-    never through Python's ``open``: closing any descriptor of a file drops every POSIX lock
-    this process holds on it, so a second Store opened beside a live one (the lease heartbeat)
-    would strip the first of its locks, and another process could then checkpoint and delete
-    the WAL under it, its later writes lost to every reader. SQLite defers closing its own."""
-    probe = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
-    try:
-        probe.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.DatabaseError as e:
-        return "file is not a database" not in str(e)  # other errors: the real open says
-    finally:
-        probe.close()
-    return True
 
 
 def _owns(conn: sqlite3.Connection, run_id: str, owner: str | None) -> bool:

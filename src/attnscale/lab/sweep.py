@@ -59,7 +59,7 @@ from pydantic import (
 from attnscale.core.scores import SCORES
 from attnscale.lab import leases
 from attnscale.lab.executors import EXECUTORS, Executor, Job, Outcome, make_executor
-from attnscale.lab.sections import flatten
+from attnscale.lab.sections import error_path, flatten
 from attnscale.lab.store import FINISHED, Store
 from attnscale.lab.train import TrainConfig
 from attnscale.util.validate import check_float
@@ -185,7 +185,7 @@ def parse_spec(text: str, source: str = "<sweep>") -> SweepSpec:
 
 def _first_error(e: ValidationError) -> str:
     err = e.errors()[0]
-    loc = ".".join(str(part) for part in err["loc"])
+    loc = error_path(err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
