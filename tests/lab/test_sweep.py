@@ -370,7 +370,7 @@ steps = 10
     db = tmp_path / "runs.db"
     proc = start_sweep(config, db, "--workers", "2")
     try:
-        pid = wait_for(lambda: worker_of(db, "slow"), timeout=120)
+        pid = wait_for(lambda: worker_of(db, "slow"), timeout=120, log=log_of(db))
         os.kill(pid, signal.SIGKILL)
         assert proc.wait(timeout=180) == 1, log_of(db).read_text()  # 1: some runs failed
     finally:
@@ -403,14 +403,17 @@ def query(db: Path, sql: str, *args) -> list[tuple]:
         return []
 
 
-def wait_for(predicate, timeout: float, every: float = 0.05):
+def wait_for(predicate, timeout: float, every: float = 0.05, log: Path | None = None):
+    """``predicate()`` once it is truthy; on a timeout, the sweep's log (``log``) says why."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s")
+    said = log.read_text()[-2000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"timed out after {timeout} s"
+                         + (f"; the sweep's log:\n{said}" if said else ""))
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -473,7 +476,8 @@ def test_sigkill_at_any_moment_then_resume(tmp_path):
         start, wall_start = time.monotonic(), time.time()
         proc = start_sweep(config, db, "--workers", "2")
         try:
-            wait_for(lambda m=moment, p=prior, q=proc: m(p) or q.poll() is not None, timeout=120)
+            wait_for(lambda m=moment, p=prior, q=proc: m(p) or q.poll() is not None,
+                     timeout=120, log=log_of(db))
         finally:
             kill_group(proc)
         check_store(db, ids)
