@@ -1,4 +1,5 @@
-"""The command line: bad input is one line on stderr and exit status 2, never a traceback.
+"""The command line: bad input is one line on stderr and exit status 2, never a traceback; a bug
+is one ``internal error:`` line and exit status 1 (tests/cli/test_exit_codes.py).
 
 The table holds bad command lines for every command: unknown options and values, a file that
 is not SQLite, a SQLite database that another program made, a directory where a file is
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from attnscale.cli import app, lab
+from attnscale.cli import app
 from attnscale.cli import run as cli_run
 from attnscale.lab.store import Store
 from attnscale.lab.tasks import TASKS
@@ -84,7 +85,6 @@ BAD = [
     ("sweep {toml} --db {foreign}", "{foreign} is not an attnscale results database"),
     ("sweep {toml} --db {tmp}/runs.db --executor nope", "executor"),
     ("sweep {toml} --db {tmp}/runs.db --workers 0", "--workers"),
-    ("sweep {toml}", "--db"),
     ("results --db {file}", "db"),
     ("results --db {dir}", "directory"),
     ("results --db {missing}", "no file"),
@@ -94,7 +94,7 @@ BAD = [
     ("results --db {db} --parquet {dir}", "--parquet"),
     ("results --db {db} --parquet {file}/runs.parquet", "--parquet"),
     ("results --db {db} --status bogus", "status"),
-    ("results", "--db"),
+    ("results --db {tmp}/none.db", "--db: no file at"),
     ("report --db {file} --out {tmp}/report", "db"),
     ("report --db {dir} --out {tmp}/report", "db"),
     ("report --db {foreign} --out {tmp}/report", "not an attnscale results database"),
@@ -147,7 +147,7 @@ def raise_in_results(monkeypatch, error: BaseException) -> None:
     def broken(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(lab.St, "Store", broken)
+    monkeypatch.setattr("attnscale.lab.store.Store", broken)
 
 
 @pytest.mark.parametrize(
@@ -157,7 +157,8 @@ def raise_in_results(monkeypatch, error: BaseException) -> None:
         ("bench --bogus", None, 2, "error: No such option"),  # typer's usage error
         ("results --db {db}", sqlite3.OperationalError("disk I/O error"), 2,
          "error: disk I/O error"),
-        ("results --db {db}", RuntimeError("boom"), 2, "error: RuntimeError: boom"),
+        ("results --db {db}", RuntimeError("boom"), 1,
+         "internal error: RuntimeError: boom (a bug in attnscale"),
         ("results --db {db}", EOFError(), 130, "aborted"),  # typer's Abort
     ],
     ids=["value-error", "usage-error", "sqlite-error", "other-error", "abort"],

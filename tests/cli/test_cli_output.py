@@ -23,6 +23,7 @@ from attnscale.lab.build import build_task
 from attnscale.lab.config import TrainConfig
 from attnscale.lab.sections import FIELDS, field_info
 from attnscale.lab.store import Store
+from attnscale.measure import inspection as I
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -120,7 +121,7 @@ def fake_run(seen: list[TrainConfig], **task: object):
 ], ids=["config-names", "old-names", "section-paths"])
 def test_model_options_have_config_names_and_old_aliases(flags, monkeypatch):
     seen: list[TrainConfig] = []
-    monkeypatch.setattr(lab.T, "run", fake_run(seen, chance_level=0.25))
+    monkeypatch.setattr(T, "run", fake_run(seen, chance_level=0.25))
     out = runner.invoke(app, ["train", "--json", "--d-model", "32", *flags])
     assert out.exit_code == 0, out.output
     model = seen[0].model
@@ -138,7 +139,7 @@ def test_help_lists_the_config_name_first():
 
 @pytest.mark.parametrize("chance", [0.25, 0.125])
 def test_train_summary_shows_config_and_chance(chance, monkeypatch):
-    monkeypatch.setattr(lab.T, "run", fake_run([], chance_level=chance))
+    monkeypatch.setattr(T, "run", fake_run([], chance_level=chance))
     out = runner.invoke(app, ["train", "--d-model", "48", "--n-heads", "3", "--lr", "0.003",
                               "--steps", "7", "--seed", "5", "--score", "cosine"])
     assert out.exit_code == 0, out.output
@@ -215,7 +216,7 @@ def inspect_result() -> dict:
 
 
 def test_not_a_tty_prints_every_header_whole(monkeypatch):
-    monkeypatch.setattr(measure.I, "inspect_model", lambda *a, **k: inspect_result())
+    monkeypatch.setattr(I, "inspect_model", lambda *a, **k: inspect_result())
     out = runner.invoke(app, ["inspect", "--sentence", "hi"], env={"COLUMNS": "40"})
     assert out.exit_code == 0, out.output
     assert out.stdout.splitlines()[1].split("\t") == list(measure.INSPECT_COLUMNS)

@@ -353,3 +353,32 @@ def test_absorbed_clip_spreads_a_nan_norm_as_torch_does():
     model.bias.grad = torch.ones(2)
     assert math.isnan(clip_gradients(model, cfg))
     assert torch.isnan(model.bias.grad).all()
+
+
+def test_a_run_whose_attention_blew_up_does_not_end_silently():
+    """LR 1 on the tiny model: the loss stays finite (status "done") while max |logit| passes
+    1e4; the alarm fed by the history rows fires, run() ends with one AttentionHealthWarning
+    naming layer, rule and step, and the record keeps the alarm steps."""
+    from attnscale.integrations.alarm import AttentionHealthWarning
+
+    cfg = {**TINY, "lr": 1.0, "warmup_steps": 0, "steps": 40, "log_every": 5}
+    with pytest.warns(AttentionHealthWarning) as caught:
+        result = run(cfg)
+    assert result.status == "done" and max(r["max_abs_logit"] for r in result.history) > 1e4
+    alarm = result.to_dict()["alarm"]
+    assert alarm["alarm_step"] == 5 and alarm["rule_steps"]["max_logit"] == 10
+    assert {"logit_growth", "frozen", "max_logit"} <= set(alarm["rule_steps"])
+    assert alarm["fired"] == {"blocks.0.attn": 5} and alarm["rule_counts"]["max_logit"] >= 6
+    assert len(caught) == 1
+    text = str(caught[0].message)
+    assert "run done, first at step 5" in text and "blocks.0.attn: max_logit from step 10" in text
+    assert "frozen from step" in text and "logit_growth from step 5" in text
+    json.dumps(result.to_dict(), allow_nan=False)
+
+
+def test_a_healthy_run_has_no_alarm(recwarn):
+    result = run({**TINY, "steps": 10, "log_every": 5})
+    assert result.alarm["alarm_step"] is None and result.alarm["first"] == []
+    assert not [w for w in recwarn if "attention health alarm" in str(w.message)]
+    layer = result.history[0]["layers"][0]  # what the frozen rule reads
+    assert layer["entropy_uniform"] > 0 and len(layer["logit_std_heads"]) == 2

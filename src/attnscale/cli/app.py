@@ -3,24 +3,30 @@
 Paths are checked here before any work starts, so a bad path costs no computation and reads
 the same in every command: ``ValueError`` naming the option, which :func:`attnscale.cli.main`
 prints as one line with exit status 2.
+
+Importing this module (and every command module) imports typer and rich's console only:
+``attnscale --version`` and ``--help`` never import torch, numpy or pydantic; each command
+imports what it needs when it runs.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from importlib import metadata
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import Progress
 
-from attnscale.util.jsonio import dumps
+# The exit statuses, for scripts and CI (attnscale.cli explains how an error is classified).
+EXIT_CODES = """Exit status: 0 done (check: healthy); 1 a result to act on (check flagged a
+head, a sweep or training run failed, the report has errors) or a bug in attnscale (one line
+"internal error: ..."); 2 bad input (one line "error: ...": an option, a file, a database);
+130 interrupted. ATTNSCALE_DEBUG=1 adds the traceback to every error line."""
 
 app = typer.Typer(
     help="Why attention divides by √d_k, and what the alternatives do: theory, benchmarks, runs.",
+    epilog=" ".join(EXIT_CODES.split()),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -55,6 +61,8 @@ def root(
 
 def print_json(obj: object) -> None:
     """Machine-readable output goes to stdout, alone (NaN and inf become null)."""
+    from attnscale.util.jsonio import dumps  # numpy: only commands that print JSON need it
+
     sys.stdout.write(dumps(obj, indent=2) + "\n")
 
 
@@ -63,16 +71,9 @@ def fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-@contextmanager
-def shown_from_first_report(progress: Progress) -> Iterator[Progress]:
-    """Yield ``progress`` for the command to start at its first report (first task); stop it
-    at the end if it was started.
-
-    A command that fails before its first report (bad input found while setting up) then
-    leaves stderr to its one error line: no empty bar, no blank line from stopping one.
-    """
-    try:
-        yield progress
-    finally:
-        if progress.task_ids:
-            progress.stop()
+def say_token_budget(budget: dict[str, Any] | None) -> None:
+    """One line on stderr when the model takes fewer tokens than ``--max-tokens`` asked
+    (``budget``: :func:`attnscale.measure.inspection.token_budget`; None: not known)."""
+    if budget is not None and budget["used"] < budget["asked"]:
+        console.print(f"--max-tokens {budget['asked']} lowered to {budget['used']}: "
+                      f"{budget['limit_from']}", soft_wrap=True, markup=False, highlight=False)

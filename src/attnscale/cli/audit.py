@@ -1,4 +1,7 @@
-"""The ``report`` command: measure every claim, judge it by its rule, write the report."""
+"""The ``report`` command: measure every claim, judge it by its rule, write the report.
+
+The audit and the lab it drives (torch, scipy, matplotlib) are imported when it runs.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +9,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from attnscale.cli.app import app, console, shown_from_first_report
+from attnscale.cli.app import app, console
+from attnscale.cli.progress import Progress
 from attnscale.cli.tables import print_table
-from attnscale.lab.executors import EXECUTORS
-from attnscale.util.validate import check_choice, check_output_file, check_output_folder
 
 VERDICT_COLORS = {"supported": "green", "refuted": "red", "depends": "yellow",
                   "inconclusive": "bright_black", "error": "bold white on red"}
@@ -34,8 +35,9 @@ def report(
         "--seed-offset", min=0, help="Train on disjoint seeds (s + 100·K): a replication.")] = 0,
 ) -> None:
     """Measure every claim of the thread, judge it by its rule, write OUT/index.html and JSON."""
-    # the report draws figures with matplotlib, which the other commands do not need
     from attnscale.audit import report as R
+    from attnscale.lab.executors import EXECUTORS
+    from attnscale.util.validate import check_choice, check_output_file, check_output_folder
 
     chosen = [name for name, flag in (("quick", quick), ("standard", standard), ("full", full))
               if flag]
@@ -46,21 +48,13 @@ def report(
     if db is not None:
         check_output_file("--db", db)
     preset = chosen[0] if chosen else "standard"
-    bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console)
-    studies: dict[str, Any] = {}
+    with Progress("report", "runs", console=console) as shown:
 
-    def progress(name: str, counts: Any) -> None:
-        total = counts.total if hasattr(counts, "total") else None
-        if not studies:
-            bars.start()
-        if name not in studies:
-            studies[name] = bars.add_task(f"study {name}", total=total)
-        bars.update(studies[name], completed=counts.finished, total=total)
+        def progress(name: str, counts: Any) -> None:
+            shown.update(f"study {name}", counts.finished, getattr(counts, "total", None))
 
-    with shown_from_first_report(bars):
-        result = R.build_report(preset, out, db, executor, workers, address,
-                                say=bars.console.log, progress=progress, seed_offset=seed_offset)
+        result = R.build_report(preset, out, db, executor, workers, address, say=shown.log,
+                                progress=progress, seed_offset=seed_offset)
     print_verdicts(result, preset, out)
     if result["errors"]:  # the page and report.json are written, with the errors shown
         for e in result["errors"]:

@@ -1,24 +1,42 @@
 """``attnscale check PATH``: per-head attention health of a local Hugging Face checkpoint, with an
-exit status a CI pipeline can gate on (0 healthy, 1 flagged, 2 bad input)."""
+exit status a CI pipeline can gate on (0 healthy, 1 flagged, 2 bad input).
+
+:mod:`attnscale.integrations.checkup` (torch, transformers) is imported when the command runs.
+"""
 
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
-from attnscale.cli.app import app, console, print_json
+from attnscale.cli.app import app, console, print_json, say_token_budget
 from attnscale.cli.tables import print_table
-from attnscale.integrations import checkup as C
-from attnscale.measure import inspection as I
-from attnscale.util.validate import check_input_file, check_output_folder
 
 FLAGGED = 1  # exit status when any head is flagged
 CHECK_COLUMNS = ("layer", "head", "logit std", "s_c", "max |logit|", "entropy", "ln n", "H/ln n",
                  "max w", "sat. rows", "eff. keys", "H without 1/√d", "H cosine τ=1", "flags")
-DEFAULTS = C.Thresholds()
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The defaults the options show: attnscale.integrations.checkup's ``Thresholds()``,
+    ``GROWTH`` and ``PLOT_NAME``, whose import takes torch (tests/cli/test_startup.py checks
+    that these agree with them)."""
+
+    std_factor: float = 23.0
+    uniform_above: float = 0.99
+    saturated_above: float = 1.0
+    uniform_share: float = 0.5
+    growth: float = 2.0
+    plot_name: str = "attention_check.png"
+
+
+DEFAULTS = Defaults()
 
 
 @app.command("check")
@@ -29,7 +47,8 @@ def check_command(
         "UTF-8 file, one input a line. [default: 64 fixed sentences]"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     plot: Annotated[str | None, typer.Option(
-        "--plot", help=f"Write {C.PLOT_NAME} (logit std / s_c against H/ln n) here.")] = None,
+        "--plot", help=f"Write {DEFAULTS.plot_name} (logit std / s_c against H/ln n) here.")
+    ] = None,
     max_tokens: Annotated[int, typer.Option(min=2, help="Truncate inputs to this.")] = 128,
     std_factor: Annotated[float, typer.Option(
         min=0.0, help="Flag logit std above this × s_c = √(2 ln n) (23: the median row is "
@@ -53,7 +72,7 @@ def check_command(
     ] = None,
     growth: Annotated[float, typer.Option(
         min=1.0, help="With --baseline: flag a logit std above this × the reference head's.")
-    ] = C.GROWTH,
+    ] = DEFAULTS.growth,
     skip_file: Annotated[str | None, typer.Option(
         "--skip-file", metavar="FILE", help="Accept the heads listed in FILE, one L.H a line "
         "(# starts a comment); adds to --skip-head.")] = None,
@@ -65,13 +84,12 @@ def check_command(
     healthy, 1 flagged, 2 bad input. Skipped heads flag only for NaN/inf logits or growth
     against --baseline. Only safetensors weights are read; pickles are never loaded.
     """
-    folder, skip = checked_inputs(path, baseline, text, plot, skip_head, skip_file)
+    from attnscale.integrations import checkup as C
+
+    folder, skip, models = checked_inputs(path, baseline, text, plot, skip_head, skip_file)
     thresholds = C.Thresholds(std_factor, uniform_above, saturated_above, uniform_share)
-    sentences = I.sentences_from_file(text) if text is not None else None
-    with console.status(f"checking {path}"):
-        result = C.check_model(path, sentences, thresholds=thresholds, max_tokens=max_tokens,
-                               source=None if text is None else f"{len(sentences)} lines of "
-                               f"{text}", baseline=baseline, growth=growth)
+    result = measured(path, models, text, thresholds=thresholds, max_tokens=max_tokens,
+                      baseline=baseline, growth=growth)
     named = "--skip-head" if skip_file is None else "--skip-head/--skip-file"
     C.apply_skips(result, skip, named)  # a head the model lacks: exit 2 here
     if folder is not None:
@@ -84,15 +102,39 @@ def check_command(
         raise typer.Exit(FLAGGED)
 
 
+def measured(path: str, models: list[Path], text: str | None, max_tokens: int,
+             **options: Any) -> dict[str, Any]:
+    """:func:`attnscale.integrations.checkup.check_model` of ``path`` on the lines of ``text``
+    (default: the fixed sentences), with ``options``, truncated to ``max_tokens`` or less:
+    never past the positions of ``models`` (PATH's and the baseline's folders), said in one
+    line when lowered, recorded as the result's ``max_tokens``."""
+    from attnscale.integrations import checkup as C
+    from attnscale.measure import inspection as I
+
+    sentences = I.sentences_from_file(text) if text is not None else None
+    budget = I.token_budget(max_tokens, *models)
+    say_token_budget(budget)
+    source = None if text is None else f"{len(sentences)} lines of {text}"
+    with console.status(f"checking {path}"):
+        result = C.check_model(path, sentences, max_tokens=budget["used"], source=source,
+                               **options)
+    result["max_tokens"] = budget
+    return result
+
+
 def checked_inputs(path: str, baseline: str | None, text: str | None, plot: str | None,
                    skip_head: list[str] | None, skip_file: str | None
-                   ) -> tuple[str | None, set[tuple[int, int]]]:
-    """(the --plot folder or None, the heads to skip), after every input is checked, before any
-    model is read: a pickle-only folder or one without a tokenizer, a missing --text or
-    --skip-file, a malformed head are each one ValueError naming the argument (exit 2)."""
-    C.check_weights(path)
+                   ) -> tuple[Path | None, set[tuple[int, int]], list[Path]]:
+    """(the --plot folder or None, the heads to skip, the model folders: PATH's and the
+    baseline's), after every input is checked, before any model is read: a pickle-only folder
+    or one without a tokenizer, a missing --text or --skip-file, a malformed head are each one
+    ValueError naming the argument (exit 2)."""
+    from attnscale.integrations import checkup as C
+    from attnscale.util.validate import check_input_file, check_output_folder
+
+    models = [C.check_weights(path)]
     if baseline is not None:
-        C.check_weights(baseline, "--baseline")
+        models.append(C.check_weights(baseline, "--baseline"))
     if text is not None:
         check_input_file("--text", text)
     folder = check_output_folder("--plot", plot) if plot is not None else None
@@ -100,7 +142,7 @@ def checked_inputs(path: str, baseline: str | None, text: str | None, plot: str 
     if skip_file is not None:
         check_input_file("--skip-file", skip_file)
         skip |= C.heads_of(C.read_skip_file(skip_file), "--skip-file")
-    return folder, skip
+    return folder, skip, models
 
 
 def print_check(result: dict) -> None:

@@ -1,52 +1,47 @@
-"""Commands over the training lab: ``train`` one model, run a ``sweep``, export its ``results``."""
+"""Commands over the training lab: ``train`` one model, run a ``sweep``, export its ``results``.
+
+The lab (torch, pydantic, scipy) is imported by each command when it runs, not here, so that
+``attnscale --help`` starts at once; ``train``'s options, made from the config, are added when
+``train`` itself is parsed (:class:`attnscale.cli.trainopts.TrainCommand`).
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import ValidationError
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
-from attnscale.cli.app import app, console, fmt, print_json, shown_from_first_report
+from attnscale.cli.app import app, console, fmt, print_json
+from attnscale.cli.progress import Progress
 from attnscale.cli.tables import print_table
-from attnscale.cli.trainopts import with_train_options
-from attnscale.lab import runlog
-from attnscale.lab import store as St
-from attnscale.lab import sweep as S
-from attnscale.lab import train as T
-from attnscale.lab.analysis import group_key
-from attnscale.lab.config import TrainConfig
-from attnscale.lab.export import write_csv, write_parquet
-from attnscale.lab.leases import LEASE_S
-from attnscale.lab.sections import error_path
-from attnscale.lab.seeds import parse_seeds, summarize, train_seeds
-from attnscale.lab.tasks import TASKS
-from attnscale.util.validate import check_input_file, check_output_file, check_output_folder
+from attnscale.cli.trainopts import TrainCommand, with_own_options
+
+if TYPE_CHECKING:
+    from attnscale.lab.config import TrainConfig
+    from attnscale.lab.sweep import Counts
+    from attnscale.lab.train import RunResult
 
 PARQUET_EXTRA = "parquet"  # the pyproject.toml optional-dependency group with pyarrow
+# Values the help quotes, whose modules take torch or numpy to import: attnscale.lab.runlog's
+# TENSORBOARD_EXTRA, attnscale.lab.leases' LEASE_S and attnscale.lab.sweep's PATIENCE_S
+# (tests/cli/test_startup.py checks that these agree with them)
+TENSORBOARD_EXTRA = "hf"
+LEASE_S = 120.0
+PATIENCE_S = 1800.0
+DEFAULT_DB = "results.db"  # sweep and results without --db: this file in the working folder
 
 
-@app.command()
-@with_train_options
+@app.command(cls=TrainCommand)
+@with_own_options
 def train(
     as_json: Annotated[bool, typer.Option("--json", help="Print the run record as JSON.")] = False,
     tensorboard: Annotated[str | None, typer.Option(
         "--tensorboard", help="Write loss, LR and per-layer attention statistics every "
-        f"--log-every steps as TensorBoard event files here (needs the {runlog.TENSORBOARD_EXTRA} "
+        f"--log-every steps as TensorBoard event files here (needs the {TENSORBOARD_EXTRA} "
         "extra).")] = None,
     seeds: Annotated[str | None, typer.Option(
         "--seeds", help="Train at several seeds, e.g. 0-7 or 0,3,5: one result per seed, then "
@@ -61,6 +56,11 @@ def train(
     A progress bar (stderr) shows loss and steps/s; a summary table or --json record follows.
     With --seeds, one row per seed and their mean (--json: the records and the summary).
     """
+    from attnscale.lab import runlog
+    from attnscale.lab import train as T
+    from attnscale.lab.seeds import parse_seeds
+    from attnscale.util.validate import check_input_file, check_output_folder
+
     values = {k: v for k, v in options.items() if v is not None}
     if "text" in values:  # a folder reads "is a directory", a missing file "no file at"
         check_input_file("--text", values["text"])
@@ -77,9 +77,15 @@ def train(
     if tensorboard is not None:
         if not runlog.tensorboard_available():
             raise ValueError("--tensorboard needs the tensorboard package: "
-                             f"pip install 'attnscale[{runlog.TENSORBOARD_EXTRA}]'")
+                             f"pip install 'attnscale[{TENSORBOARD_EXTRA}]'")
         extra["tensorboard"] = str(check_output_folder("--tensorboard", tensorboard))
-    with train_progress(config.optim.steps) as report:
+    with Progress("train", "steps", console=console) as shown:
+        total, started = config.optim.steps, time.perf_counter()
+
+        def report(done: int, loss: float) -> None:
+            rate = done / max(time.perf_counter() - started, 1e-9)
+            shown.update("", done, total, f"loss {loss:.4f}, {rate:.1f} steps/s")
+
         result = T.run(config, progress=report, **extra)
     if as_json:
         print_json(result.to_dict())
@@ -90,7 +96,16 @@ def train(
 def train_several(config: TrainConfig, seeds: tuple[int, ...], workers: int,
                   as_json: bool) -> None:
     """``config`` at every seed of ``seeds``; a table (or JSON) of the runs and their mean."""
-    with seeds_progress(len(seeds)) as report:
+    from attnscale.lab.seeds import summarize, train_seeds
+
+    with Progress("train", "seeds", console=console) as shown:
+        statuses: list[str] = []  # of the runs finished so far, as train_seeds reports them
+
+        def report(record: dict) -> None:
+            statuses.append(record.get("status", "-"))
+            failed = statuses.count("failed")
+            shown.update("", len(statuses), len(seeds), f"failed {failed}" if failed else "")
+
         records = train_seeds(config, seeds, workers, on_done=report)
     summary = summarize(records)
     if as_json:
@@ -123,19 +138,13 @@ def mean_text(ci: dict) -> str:
     return f"{ci['mean']:.4f} [{ci['lo']:.4f}, {ci['hi']:.4f}]"
 
 
-@contextmanager
-def seeds_progress(total: int) -> Iterator[Callable[[dict], None]]:
-    """A bar over the seeds on stderr; yields the callback each finished run reports to."""
-    progress = Progress(TextColumn("seeds"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console)
-    task = progress.add_task("seeds", total=total)
-    with shown_from_first_report(progress):
-        progress.start()
-        yield lambda record: progress.advance(task)
-
-
 def train_config(values: dict[str, object]) -> TrainConfig:
     """TrainConfig from CLI values; a validation error becomes one readable ValueError."""
+    from pydantic import ValidationError
+
+    from attnscale.lab.config import TrainConfig
+    from attnscale.lab.sections import error_path
+
     try:
         return TrainConfig(**values)
     except ValidationError as e:
@@ -147,36 +156,12 @@ def train_config(values: dict[str, object]) -> TrainConfig:
         raise ValueError("; ".join(parts)) from None
 
 
-@contextmanager
-def train_progress(total: int) -> Iterator[Callable[[int, float], None]]:
-    """A rich bar on stderr with loss and steps/s; yields the run() progress callback."""
-    progress = Progress(
-        TextColumn("train"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}  {task.fields[rate]} steps/s"),
-        console=console,
-    )
-    start = time.perf_counter()
-
-    def report(done: int, loss: float) -> None:
-        if not progress.task_ids:
-            progress.start()
-            progress.add_task("train", total=total, loss="-", rate="-")
-        rate = done / max(time.perf_counter() - start, 1e-9)
-        progress.update(progress.task_ids[0], completed=done, loss=f"{loss:.4f}",
-                        rate=f"{rate:.1f}")
-
-    with shown_from_first_report(progress):
-        yield report
-
-
 SUMMARY_CONFIG = (("task", "task"), ("score", "score"), ("width", "d_model"),
                   ("heads", "n_heads"), ("layers", "n_layers"), ("lr", "lr"), ("steps", "steps"),
                   ("seed", "seed"))
 
 
-def print_train_summary(result: T.RunResult) -> None:
+def print_train_summary(result: RunResult) -> None:
     """The run's config that matters, then its outcome, metric beside the task's chance level."""
     last = result.history[-1] if result.history else {}
     chance = result.task.get("chance_level")
@@ -209,7 +194,9 @@ def print_train_summary(result: T.RunResult) -> None:
 def sweep(
     config: Annotated[str, typer.Argument(
         help=escape("Sweep TOML file ([base], [axes], [[variant]])."))],
-    db: Annotated[str, typer.Option("--db", help="SQLite results file (created if missing).")],
+    db: Annotated[str | None, typer.Option("--db", help=escape(
+        "SQLite results file (created if missing). [default: results.db in the working "
+        "folder]"))] = None,
     workers: Annotated[int, typer.Option(min=1, help="Runs in parallel (1 thread each).")] = 1,
     executor: Annotated[str, typer.Option(help="local (process pool) or ray.")] = "local",
     address: Annotated[
@@ -227,7 +214,7 @@ def sweep(
     patience: Annotated[float, typer.Option(
         min=0.0, help="Seconds to wait for runs other drivers hold while none of the grid "
         "finishes; then stop, exit 1 and say how many are still held.")
-    ] = S.PATIENCE_S,
+    ] = PATIENCE_S,
 ) -> None:
     """Run every grid point of a sweep into a SQLite store; rerun the same command to resume.
 
@@ -236,23 +223,28 @@ def sweep(
     none twice, and waits for the runs the others hold. Exit status 1 if any run failed, or
     if it gave up waiting for runs other drivers hold (--patience).
     """
+    from attnscale.lab import sweep as S
+    from attnscale.util.validate import check_input_file
+
     check_input_file("config", config)
     spec = S.load_spec(config)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the sweep hands back its claims
+    signal.signal(signal.SIGTERM, exit_on_sigterm)  # so the sweep hands back its claims
     S.make_executor(executor, workers, address)  # bad --executor / --address: exit 2 here
-    with sweep_progress() as report:
-        counts = S.run_sweep(
-            spec,
-            db,
-            workers=workers,
-            executor=executor,
-            address=address,
-            retry_failed=retry_failed,
-            source=config,
-            progress=report,
-            lease_s=lease,
-            patience_s=patience,
-        )
+    with Progress("sweep", "runs", console=console) as shown:
+
+        def progress(c: Counts) -> None:
+            if db is None and not shown.tasks:  # the store opened: say where it is
+                say_default_db("results ->")
+            shown.update("", c.finished, c.total, sweep_note(c))
+
+        counts = S.run_sweep(spec, db or DEFAULT_DB, workers=workers, executor=executor,
+                             address=address, retry_failed=retry_failed, source=config,
+                             progress=progress, lease_s=lease, patience_s=patience)
+    print_sweep_summary(counts, db or DEFAULT_DB, patience)
+
+
+def print_sweep_summary(counts: Counts, db: str, patience: float) -> None:
+    """The sweep's final counts on stderr; exit 1 if any run failed or is still held."""
     console.print(
         f"{counts.total} runs: {counts.done} done, {counts.diverged} diverged, "
         f"{counts.failed} failed ({counts.skipped} already finished or run by another "
@@ -266,7 +258,14 @@ def sweep(
         raise typer.Exit(1)
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
+def say_default_db(arrow: str) -> None:
+    """Where results go (``results -> results.db``) or come from, when --db was not given:
+    one line on stderr, once the database opened (bad input stays a single error line)."""
+    console.print(f"{arrow} {DEFAULT_DB}", soft_wrap=True, markup=False, highlight=False)
+
+
+def exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM ends a sweep as Ctrl-C would, unwinding so that it hands back its claims."""
     raise SystemExit(128 + signum)
 
 
@@ -275,37 +274,18 @@ def lost_note(lost: int) -> str:
     return f"; {lost} trained but taken over by another driver (not stored)" if lost else ""
 
 
-@contextmanager
-def sweep_progress() -> Iterator[Callable[[S.Counts], None]]:
-    """A rich progress bar on stderr; yields the callback run_sweep reports counts to."""
-    progress = Progress(
-        TextColumn("sweep"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("diverged {task.fields[diverged]}  failed {task.fields[failed]}"
-                   "{task.fields[waiting]}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=console,
-    )
-    def report(c: S.Counts) -> None:
-        waiting = f"  waiting for {c.waiting} held by other drivers" if c.waiting else ""
-        fields = {"completed": c.finished, "diverged": c.diverged, "failed": c.failed,
-                  "waiting": waiting}
-        if not progress.task_ids:
-            progress.start()
-            progress.add_task("sweep", total=c.total, **fields)
-        else:
-            progress.update(progress.task_ids[0], **fields)
-
-    with shown_from_first_report(progress):
-        yield report
+def sweep_note(c: Counts) -> str:
+    """What a sweep's progress says beside its count: diverged and failed runs, and the runs
+    it waits for that other drivers hold."""
+    waiting = f", waiting for {c.waiting} held by other drivers" if c.waiting else ""
+    return f"diverged {c.diverged}, failed {c.failed}{waiting}"
 
 
 @app.command()
 def results(
-    db: Annotated[str, typer.Option("--db", help="SQLite results file of a sweep.")],
+    db: Annotated[str | None, typer.Option("--db", help=escape(
+        "SQLite results file of a sweep. [default: results.db in the working folder]"))]
+    = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print runs as JSON.")] = False,
     csv_path: Annotated[str | None, typer.Option("--csv", help="Write runs to a CSV file.")] = None,
     parquet_path: Annotated[
@@ -320,14 +300,20 @@ def results(
     ] = None,
 ) -> None:
     """Export a sweep's runs: JSON on stdout, CSV / Parquet to a file, or a table."""
-    check_input_file("--db", db)
+    from attnscale.lab import store as St
+    from attnscale.lab.export import write_csv, write_parquet
+    from attnscale.util.validate import check_input_file, check_output_file
+
+    check_input_file("--db", db or DEFAULT_DB)
     csv_file = check_output_file("--csv", csv_path) if csv_path else None
     parquet_file = check_output_file("--parquet", parquet_path) if parquet_path else None
     if parquet_file:
         check_parquet_engine()  # before anything is printed or written
-    with St.Store(db) as store:
+    with St.Store(db or DEFAULT_DB) as store:
         where = {"sweep": sweep_name} if sweep_name is not None else None
         runs = store.runs(status=status or None, where=where)
+    if db is None:
+        say_default_db("results <-")
     if as_json:
         print_json(runs)
     if csv_file:
@@ -350,6 +336,8 @@ def check_parquet_engine() -> None:
 
 def metric_of(run: dict) -> str:
     """The run's metric name (its task's ``metric_name``, e.g. accuracy or bits per char)."""
+    from attnscale.lab.tasks import TASKS
+
     task = TASKS.get((run["config"] or {}).get("task"))
     return getattr(task, "metric_name", "metric").replace("_", " ")
 
@@ -357,6 +345,8 @@ def metric_of(run: dict) -> str:
 def print_runs(runs: list[dict]) -> None:
     """The runs on stdout: id, task, group, width, lr, seed, status, loss, one column per metric
     name among them (accuracy and bits per char never share a column), diverged step."""
+    from attnscale.lab.analysis import group_key
+
     metrics = list(dict.fromkeys(metric_of(r) for r in runs)) or ["metric"]
     columns = ("id", "task", "score", "width", "lr", "seed", "status", "loss", *metrics,
                "diverged")

@@ -1,4 +1,7 @@
-"""Commands over the measure layer: ``bench``, ``theory`` and ``inspect``."""
+"""Commands over the measure layer: ``bench``, ``theory`` and ``inspect``.
+
+The measure modules (torch, scipy) are imported by each command when it runs, not here.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +10,16 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from attnscale.cli.app import app, console, fmt, print_json
+from attnscale.cli.app import app, console, fmt, print_json, say_token_budget
+from attnscale.cli.progress import Progress
 from attnscale.cli.tables import print_table
-from attnscale.measure import bench as B
-from attnscale.measure import inspection as I
-from attnscale.measure import montecarlo
-from attnscale.util.validate import check_input_file, check_output_folder
 
 BENCH_COLUMNS = ("score", "N", "causal", "fwd ×SDPA [95% CI]", "fwd+bwd ×SDPA [95% CI]",
                  "naive ×SDPA [95% CI]", "fwd+bwd ms", "GFLOP/s", "% peak", "peak MB")
-Q, S = B.QUICK, B.STANDARD  # the presets the bench help quotes
+# The bench presets the help quotes: attnscale.measure.bench.QUICK and STANDARD, whose import
+# takes torch (tests/cli/test_startup.py checks that these agree with them)
+Q = {"n_values": (1024,), "batch": 4, "repeats": 5}
+S = {"n_values": (256, 1024, 2048), "batch": 8, "repeats": 8}
 INSPECT_COLUMNS = ("layer", "head", "logit std", "max |logit|", "entropy", "ln n", "max w",
                    "eff. keys", "H without 1/√d", "H cosine τ=1")
 
@@ -46,11 +49,18 @@ def bench(
     forward, forward+backward and the naive formula's forward+backward, each a ratio with a
     95% interval from interleaved repeats. Each block starts with the noise floor, SDPA
     against itself."""
-    preset = B.QUICK if quick else B.STANDARD
-    n_values = n or list(preset["n_values"])
+    n_values = n or list((Q if quick else S)["n_values"])
     if any(v < 1 for v in n_values):
         raise ValueError(f"--n must be positive, got {n_values}")
-    with console.status("benchmarking") as status:
+    from attnscale.measure import bench as B
+
+    preset = B.QUICK if quick else B.STANDARD
+    with console.status("benchmarking") as status, Progress("bench", console=console) as lines:
+
+        def progress(msg: str) -> None:
+            status.update(f"benchmarking {msg}")
+            lines.note(msg)  # elsewhere than on a terminal: a line at most every 20 s
+
         rows, facts = B.run(
             n_values=n_values,
             scores=score,
@@ -59,7 +69,7 @@ def bench(
             naive=preset["naive"] if naive is None else naive,
             naive_repeats=preset["naive_repeats"],
             threads=threads,
-            progress=lambda msg: status.update(f"benchmarking {msg}"),
+            progress=progress,
         )
     if as_json:
         print_json(B.to_record(rows, facts))
@@ -120,6 +130,9 @@ def theory(
     benchmark parameters where they differ). --plot adds the entropy figures, one of them with
     every such score.
     """
+    from attnscale.measure import montecarlo
+    from attnscale.util.validate import check_output_folder
+
     folder = check_output_folder("--plot", plot) if plot is not None else None
     with console.status("theory and Monte Carlo"):
         rows = montecarlo.theory_table(seed=seed, samples=samples)
@@ -155,6 +168,9 @@ def inspect_command(
     max_tokens: Annotated[int, typer.Option(min=2, help="Truncate inputs to this.")] = 128,
 ) -> None:
     """Per-layer, per-head attention statistics of a real trained model, offline."""
+    from attnscale.measure import inspection as I
+    from attnscale.util.validate import check_input_file, check_output_folder
+
     if text is not None and sentence:
         raise ValueError("give --text or --sentence, not both")
     if text is not None:
@@ -164,6 +180,7 @@ def inspect_command(
     sentences = I.sentences_from_file(text) if text is not None else (sentence or None)
     with console.status(f"inspecting {model}"):
         result = I.inspect_model(model, sentences, max_tokens=max_tokens)
+    say_token_budget(result.get("max_tokens"))
     if plot is not None:
         for path in I.plot_heatmaps(result, plot):
             console.print(f"wrote {path}")

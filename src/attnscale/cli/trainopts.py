@@ -1,22 +1,29 @@
 """The ``attnscale train`` options: one per :class:`attnscale.lab.config.TrainConfig` field, made
-from the config's sections so the command line and the config never disagree."""
+from the config's sections so the command line and the config never disagree.
+
+The config imports torch (its checks are the model's), which ``attnscale --help`` and the other
+commands do without: ``train`` registers with its own options only (:func:`with_own_options`),
+and :class:`TrainCommand` adds the config's the first time ``train`` is parsed (a run, a usage
+error or ``train --help``).
+"""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import types
 import typing
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from typer.core import TyperCommand
+from typer.main import get_command_from_info
+from typer.models import CommandInfo
 
-from attnscale.lab.build import build_task
-from attnscale.lab.config import TASK_OPTIONS, TrainConfig, model_defaults
-from attnscale.lab.sections import FIELDS, field_info, path_of
-
-__all__ = ["cli_type", "shown_default", "with_train_options"]
+__all__ = ["TrainCommand", "cli_type", "shown_default", "train_options", "with_own_options"]
 
 # Older spellings still accepted for TrainConfig fields (the first name is the field's).
 TRAIN_ALIASES = {"n_heads": ("--heads",), "n_kv_heads": ("--kv-heads",), "n_layers": ("--layers",)}
@@ -28,21 +35,36 @@ PANELS = {"task": "Task", "model": "Model", "optim": "Optimizer and schedule",
           "": "Seed, logging and control", "run": "Seed, logging and control"}
 
 
-def with_train_options(
-    command: typer.models.CommandFunctionType,
-) -> typer.models.CommandFunctionType:
-    """Add one option per ``attnscale.lab.config.TrainConfig`` field to ``command``'s signature,
-    by flat name and section path (``--d-model``, ``--model.d-model``), grouped by section.
+def own_parameters(command: Callable[..., Any]) -> list[inspect.Parameter]:
+    """``command``'s parameters, annotations resolved, less its ``**options``."""
+    hints = typing.get_type_hints(command, include_extras=True)
+    return [p.replace(annotation=hints[p.name])
+            for p in inspect.signature(command, follow_wrapped=False).parameters.values()
+            if p.kind != p.VAR_KEYWORD]
+
+
+def with_own_options(command: typer.models.CommandFunctionType
+                     ) -> typer.models.CommandFunctionType:
+    """Register ``command`` (which takes the config fields as ``**options``) with its own
+    options only; :class:`TrainCommand` adds the config's when ``train`` is parsed."""
+    command.__signature__ = inspect.Signature(own_parameters(command))
+    return command
+
+
+@functools.cache  # one per process: it builds the default config and task
+def train_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """A function calling ``command`` whose signature has ``command``'s own options and one
+    option per ``attnscale.lab.config.TrainConfig`` field, by flat name and section path
+    (``--d-model``, ``--model.d-model``), grouped by section.
 
     Every option defaults to None, meaning "the config's default", so the CLI and the config
     never disagree about defaults and a new config field is an option without further edits.
     """
-    hints = typing.get_type_hints(command, include_extras=True)
-    params = [
-        p.replace(annotation=hints[p.name])
-        for p in inspect.signature(command).parameters.values()
-        if p.kind != p.VAR_KEYWORD
-    ]
+    from attnscale.lab.build import build_task
+    from attnscale.lab.config import TrainConfig
+    from attnscale.lab.sections import FIELDS, field_info, path_of
+
+    params = own_parameters(command)
     resolved = TrainConfig()
     flat, task = resolved.flat(), build_task(resolved)
     for name in sorted(FIELDS, key=lambda n: list(PANELS).index(FIELDS[n])):
@@ -64,15 +86,48 @@ def with_train_options(
         annotation = Annotated[kind | None, option]
         kw_only = inspect.Parameter.KEYWORD_ONLY
         params.append(inspect.Parameter(name, kw_only, default=None, annotation=annotation))
-    command.__signature__ = inspect.Signature(params)
-    command.__annotations__ = {p.name: p.annotation for p in params}
-    return command
+
+    def with_options(**values: Any) -> Any:
+        return command(**values)
+
+    with_options.__name__, with_options.__doc__ = command.__name__, command.__doc__
+    with_options.__signature__ = inspect.Signature(params)
+    with_options.__annotations__ = {p.name: p.annotation for p in params}
+    return with_options
+
+
+class TrainCommand(TyperCommand):
+    """The ``train`` command, its config options added at its first parse (:meth:`make_context`:
+    a run, a usage error or ``train --help``); ``attnscale --help`` lists it from its
+    docstring alone, without importing the config."""
+
+    full = False  # whether the config options are in
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None,
+                     **extra: Any) -> Any:
+        """Add the config options, then parse as any command."""
+        self.add_config_options()
+        return super().make_context(info_name, args, parent, **extra)
+
+    def add_config_options(self) -> None:
+        """Take the parameters and callback of the command :func:`train_options` makes of
+        the registered function (once)."""
+        if self.full:
+            return
+        registered = self.callback.__wrapped__  # typer's wrapper of the train function
+        full = get_command_from_info(CommandInfo(callback=train_options(registered)),
+                                     pretty_exceptions_short=False,
+                                     rich_markup_mode=self.rich_markup_mode)
+        self.params, self.callback, self.full = full.params, full.callback, True
 
 
 def shown_default(name: str, flat: dict[str, Any], task: object) -> str:
     """The value a run uses for field ``name`` when the option is not given ("" if it depends
     on other options), "VALUE for TASK" where the default task sets it; ``flat``: the default
     config's :meth:`TrainConfig.flat`."""
+    from attnscale.lab.config import TASK_OPTIONS, model_defaults
+    from attnscale.lab.sections import field_info
+
     task_name = flat["task"]
     value = flat.get(name)
     if name == "seq_len" or name in TASK_OPTIONS or name in model_defaults(task_name):

@@ -29,11 +29,20 @@ logger; under torch.compile it happens while Dynamo traces, outside the graph
 (:func:`kernel_built`). ``$ATTNSCALE_NATIVE_ISA=off`` turns native kernels off for the process;
 :func:`forced_fallback` does it for a ``with`` block (tests), and :func:`last_path` says which
 path the last soft-capped call took.
+
+A soft-capped CPU call that the kernel would take but cannot -- half precision (bfloat16 or
+float16: the kernel computes in float32 and float64 only), or no kernel (no compiler, a failed
+build, ``$ATTNSCALE_NATIVE_ISA=off``) -- runs the query-chunked Python path, several times
+slower, and issues one :class:`NativeFallbackWarning` per reason and process, saying why
+(:func:`warn_fallback`). :func:`forced_fallback` is a deliberate choice and warns nothing;
+inputs the kernel does not cover by design (a mask shape it does not take, an empty dimension)
+are routing, not a fallback, and warn nothing either.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
@@ -49,9 +58,11 @@ from attnscale.util import cppext
 SOURCE = Path(__file__).parent / "csrc" / "softcap_attention.cpp"
 STEM = "softcap_attention"
 DTYPES = (torch.float32, torch.float64)
+HALF = (torch.bfloat16, torch.float16)
 log = logging.getLogger(__name__)
 KERNEL = cppext.Kernel(STEM, SOURCE, "the soft-capping attention kernel", log, fallback="chunked")
 _paths: dict[str, str | None] = {"last": None}
+_warned: set[str] = set()  # the fallback reasons warned about in this process
 FORWARD_OP = "attnscale::softcap_attention"
 BACKWARD_OP = "attnscale::softcap_attention_backward"
 
@@ -118,6 +129,29 @@ def last_path() -> str | None:
     return _paths["last"]
 
 
+class NativeFallbackWarning(UserWarning):
+    """A soft-capped call ran the slower Python path where the native kernel would have run,
+    for a reason the user can change (module docstring). Once per reason and process; silence
+    it with ``warnings.filterwarnings("ignore", category=NativeFallbackWarning)``."""
+
+
+def warn_fallback(reason: str) -> None:
+    """Issue a :class:`NativeFallbackWarning` for ``reason`` unless this process already did.
+    Not while torch.compile traces (the first eager call, or the build at the start of a
+    compiled one, warns)."""
+    if torch.compiler.is_compiling() or reason in _warned:
+        return
+    _warned.add(reason)
+    warnings.warn(f"attnscale: softcap attention runs on the query-chunked Python path, "
+                  f"several times slower than its native kernel: {reason} (warned once per "
+                  f"reason)", NativeFallbackWarning, stacklevel=4)
+
+
+def forget_fallback_warnings() -> None:
+    """Forget which fallback reasons were warned about, so each warns again (tests)."""
+    _warned.clear()
+
+
 def head_caps(cap: Any, heads: int) -> list[float] | None:
     """One cap per query head as floats, or None when ``cap`` is neither a number, nor a CPU
     tensor of one value or ``heads`` values, nor free of gradient."""
@@ -149,10 +183,20 @@ def softcap_attention(params: dict[str, Any], q: Tensor, k: Tensor, v: Tensor,
     None when the kernel is off or does not cover the inputs. q (B, H, N, D), k (B, Hkv, S, D),
     v (B, Hkv, S, Dv) with Hkv dividing H; mask None, bool (True = keep) or additive, 4-D and
     broadcasting to (B, H, N, S). Differentiable in q, k and v (:class:`SoftcapAttention`)."""
-    if KERNEL.forced or not qualifies(q, k, v, mask):
+    if KERNEL.forced:
+        return None
+    if not qualifies(q, k, v, mask):
+        if q.device.type == "cpu" and q.dtype in HALF and not torch.compiler.is_compiling():
+            warn_fallback(f"{str(q.dtype).removeprefix('torch.')} inputs (the kernel computes "
+                          f"in float32 and float64; cast q, k, v to float32 to use it)")
         return None
     caps = head_caps(params["cap"], q.shape[1])
-    if caps is None or not kernel_built():
+    if caps is None:
+        return None
+    if not kernel_built():
+        if not torch.compiler.is_compiling():  # (the reason is read outside a traced graph)
+            warn_fallback(f"the kernel is not available: {KERNEL.status()['reason']} "
+                          f"(`attnscale kernels` says more)")
         return None
     s = default_scale(scale, q.shape[-1])
     return SoftcapAttention.apply(q, k, v, mask, is_causal, s, caps)

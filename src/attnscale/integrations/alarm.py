@@ -18,6 +18,19 @@ The rules, per layer, at a sampled step t (:class:`HealthThresholds` holds their
   2023, arXiv:2303.06296).
 * ``entropy_drop``: the least-squares slope of entropy / ln n over the same window is
   ≤ −``entropy_rate`` per step: attention sharpening fast, before it has collapsed.
+* ``frozen``: a head's logit std s > ``frozen_factor``·s_c, s_c = √(2 ln n) (:func:`is_frozen`),
+  the criterion ``attnscale check`` flags a head ``frozen`` by
+  (:mod:`attnscale.integrations.checkup`, at 23·s_c, where i.i.d. Gaussian rows are one-hot in
+  float32). A level rule on attention that is already frozen: the growth rule needs growth
+  inside its window, which a run that froze before the first sample never shows. The alarm's
+  factor is :data:`ALARM_FROZEN_FACTOR` (60), not check's 23: on the training batches of the
+  alarm zoo's causal models, heads of healthy runs reach 23–56·s_c (their entropy / ln n still
+  0.04–0.11: the std is pooled over rows, so it counts the spread of row means, which the
+  softmax ignores; their rows' own std is well below it), and 60
+  is the smallest factor of a grid that keeps the tuning seeds' false alarms within budget
+  (docs/alarm.md). It reads each head's ``logit_std_head{h}`` (or, without them, the layer's
+  ``logit_std``, the row-weighted mean over heads, which can only fire later) and the layer's
+  ``entropy_uniform`` (mean ln n_i).
 
 Every rule is checked at every update and every one that holds is an :class:`AlarmEvent`
 (:attr:`AttentionAlarm.events`); the warning is issued once per (layer, rule). The defaults were
@@ -28,6 +41,7 @@ chosen on the tuning seeds of a zoo of byte-level GPTs (:mod:`attnscale.lab.runz
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -35,14 +49,24 @@ from dataclasses import asdict, dataclass
 
 from attnscale.util.validate import check_float, check_int
 
-__all__ = ["ALARM_STATISTICS", "RULES", "AlarmEvent", "AttentionAlarm", "AttentionHealthWarning",
-           "HealthThresholds", "slope", "split_key"]
+__all__ = ["ALARM_FROZEN_FACTOR", "ALARM_STATISTICS", "ONE_HOT_FACTOR", "RULES", "AlarmEvent",
+           "AttentionAlarm", "AttentionHealthWarning", "HealthThresholds", "critical_std",
+           "frozen_limit", "is_frozen", "slope", "split_key"]
 
-ALARM_STATISTICS = ("nonfinite_fraction", "max_abs_logit", "entropy_normalized")
-RULES = ("nonfinite", "max_logit", "logit_growth", "entropy_floor", "entropy_drop")
+ALARM_STATISTICS = ("nonfinite_fraction", "max_abs_logit", "entropy_normalized", "logit_std",
+                    "entropy_uniform")
+RULES = ("nonfinite", "max_logit", "logit_growth", "entropy_floor", "entropy_drop", "frozen")
 RULE_STATISTIC = {"nonfinite": "nonfinite_fraction", "max_logit": "max_abs_logit",
                   "logit_growth": "max_abs_logit", "entropy_floor": "entropy_normalized",
-                  "entropy_drop": "entropy_normalized"}
+                  "entropy_drop": "entropy_normalized", "frozen": "logit_std"}
+HEAD_STD = re.compile(r"logit_std_head([0-9]+)")  # a head's logit std, "layer/logit_std_head3"
+
+# s/s_c at which the median row's top-two logit gap, ln 2 · s/s_c, reaches ln(1/ε) of float32
+# (23 ln 2): the row is one-hot to machine precision (is_frozen)
+ONE_HOT_FACTOR = 23.0
+# the alarm's frozen factor: the smallest of benchmarks/alarm_zoo.py's FROZEN_FACTORS whose false
+# alarms on the tuning seeds stay within the tuning's 2.5% budget (module docstring)
+ALARM_FROZEN_FACTOR = 60.0
 
 
 class AttentionHealthWarning(RuntimeWarning):
@@ -73,6 +97,40 @@ def slope(points: Sequence[tuple[float, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in points) / sxx
 
 
+def critical_std(log_n: float | None) -> float:
+    """s_c = √(2 ln n) for a head whose rows see on average ln n = ``log_n`` keys (in nats):
+    the freezing point of the softmax of n i.i.d. Gaussian logits, Derrida's Random Energy
+    Model (Derrida 1981; :func:`attnscale.measure.theory.rem_critical_scale`). ln n below 0
+    counts as 0; None (a NaN after a JSON round trip) and NaN give NaN."""
+    log_n = math.nan if log_n is None else float(log_n)
+    return math.sqrt(2.0 * max(log_n, 0.0)) if not math.isnan(log_n) else math.nan
+
+
+def frozen_limit(log_n: float | None, factor: float = ONE_HOT_FACTOR) -> float:
+    """factor · s_c, s_c = :func:`critical_std` (``log_n``): the logit std past which a head is
+    frozen (:func:`is_frozen`)."""
+    return factor * critical_std(log_n)
+
+
+def is_frozen(std: float | None, log_n: float | None, factor: float = ONE_HOT_FACTOR) -> bool:
+    """Whether a head of logit std ``std`` whose rows see on average ln n = ``log_n`` keys is
+    frozen: ln n > 0 and s > factor·√(2 ln n). The one criterion of ``attnscale check``'s
+    ``frozen`` flag and the alarm's ``frozen`` rule.
+
+    Why 23 (:data:`ONE_HOT_FACTOR`): the gap between a row's two largest logits tends to
+    (s/s_c) times a standard exponential (extreme-value theory: the top of n Gaussians has
+    Gumbel scale s/√(2 ln n)), so the median row's gap is about ln 2 · s/s_c and reaches
+    ln(2²³) = 23 ln 2 at s/s_c = 23: the top weight rounds to 1 in float32, and the softmax's
+    gradient p(1 − p) through it is 0. At the n of short inputs (10–128 keys) a Monte Carlo
+    puts the median row one-hot at 19–21·s_c (tests/integrations/test_check_calibration.py),
+    so 23 errs towards passing. Rows that see one key (ln n = 0) have no freezing point; a NaN,
+    None or infinite std is not judged here (a non-finite logit is its own rule)."""
+    if std is None or log_n is None:
+        return False
+    std, log_n = float(std), float(log_n)
+    return math.isfinite(std) and log_n > 0 and std > frozen_limit(log_n, factor)
+
+
 @dataclass(frozen=True)
 class HealthThresholds:
     """When :class:`AttentionAlarm` fires for a layer (the module docstring gives each rule).
@@ -91,6 +149,11 @@ class HealthThresholds:
             (t − window, t]; when sampling is sparser, the last two samples).
         entropy_rate: fire ``entropy_drop`` when entropy / ln n falls faster than this per step
             (slope ≤ −entropy_rate); 0 off.
+        frozen_factor: fire ``frozen`` when a head's logit std exceeds this many times
+            s_c = √(2 ln n) (:func:`is_frozen`); 0 off. 60 (:data:`ALARM_FROZEN_FACTOR`),
+            chosen on the tuning seeds; ``attnscale check`` flags a finished checkpoint's head
+            at 23 (:data:`ONE_HOT_FACTOR`), which healthy training batches cross
+            (docs/alarm.md has the record).
 
     The defaults come from the tuning seeds of the zoo of ``benchmarks/alarm_zoo.py``.
     """
@@ -101,6 +164,7 @@ class HealthThresholds:
     growth_floor: float = 20.0
     growth_window: int = 25
     entropy_rate: float = 0.0
+    frozen_factor: float = ALARM_FROZEN_FACTOR
 
     def __post_init__(self) -> None:
         check_float("max_logit", self.max_logit, low=0.0)
@@ -109,6 +173,7 @@ class HealthThresholds:
         check_float("growth_floor", self.growth_floor, low=0.0, low_inclusive=True)
         check_int("growth_window", self.growth_window, minimum=1)
         check_float("entropy_rate", self.entropy_rate, low=0.0, low_inclusive=True)
+        check_float("frozen_factor", self.frozen_factor, low=0.0, low_inclusive=True)
 
 
 @dataclass(frozen=True)
@@ -177,13 +242,19 @@ class AttentionAlarm:
             raise TypeError(f"stats must be a mapping 'layer/statistic' -> float, got "
                             f"{type(stats).__name__}")
         layers: dict[str, dict[str, float]] = {}
+        heads: dict[str, dict[int, float]] = {}
         for key, value in stats.items():
             layer, stat = split_key(key)
             if stat in ALARM_STATISTICS:
                 layers.setdefault(layer, {})[stat] = float(value)
+            elif stat.startswith("logit_std_head") and (head := HEAD_STD.fullmatch(stat)):
+                layers.setdefault(layer, {})
+                heads.setdefault(layer, {})[int(head[1])] = float(value)
         new = []
         for layer, values in layers.items():
-            for event in self._check(step, layer, values):
+            events = self._check(step, layer, values)
+            events += self._frozen(step, layer, values, heads.get(layer, {}))
+            for event in events:
                 self._record(event)
                 new.append(event)
         return new
@@ -242,6 +313,23 @@ class AttentionAlarm:
                                       "entropy_drop"))
         return out
 
+    def _frozen(self, step: int, layer: str, values: Mapping[str, float],
+                heads: Mapping[int, float]) -> list[AlarmEvent]:
+        """The ``frozen`` rule: the layer's stiffest head past ``frozen_factor``·s_c
+        (:func:`is_frozen`); without per-head stds, the layer's mean ``logit_std``."""
+        factor, log_n = self.thresholds.frozen_factor, values.get("entropy_uniform")
+        if factor <= 0 or log_n is None:
+            return []
+        stds = {f"logit_std_head{h}": v for h, v in sorted(heads.items())}
+        if not stds and "logit_std" in values:
+            stds = {"logit_std": values["logit_std"]}
+        frozen = {k: v for k, v in stds.items() if is_frozen(v, log_n, factor)}
+        if not frozen:
+            return []
+        statistic = max(frozen, key=lambda k: frozen[k])
+        return [AlarmEvent(step, layer, statistic, frozen[statistic],
+                           frozen_limit(log_n, factor), "frozen")]
+
     @property
     def first_step(self) -> int | None:
         """The step of the first alarm, None if none fired."""
@@ -282,11 +370,30 @@ def _message(event: AlarmEvent) -> str:
     elif event.rule == "max_logit":
         what = f"max |attention logit| {event.value:.4g} > {event.threshold:.4g}"
     elif event.rule == "logit_growth":
-        what = (f"max |attention logit| growing e-fold every {1 / event.value:.0f} steps "
+        what = (f"max |attention logit| {_growth_text(event.value)} "
                 f"(slope of ln {event.value:.3g}/step ≥ {event.threshold:.3g})")
+    elif event.rule == "frozen":
+        where = event.statistic.removeprefix("logit_std")
+        which = f"head {where.removeprefix('_head')}" if where else "mean over heads"
+        what = (f"attention frozen: logit std {event.value:.4g} ({which}) > {event.threshold:.4g}"
+                f" (frozen_factor × s_c, s_c = √(2 ln n) the softmax's freezing scale): the "
+                f"head's weight sits on one key per row, whose softmax passes almost no gradient")
     elif event.rule == "entropy_drop":
         what = f"attention entropy / ln n falling {-event.value:.3g}/step (sharpening fast)"
     else:
         what = f"attention entropy / ln n {event.value:.3g} < {event.threshold:.3g} (collapse)"
     return (f"attention health alarm at step {event.step}, layer {event.layer}: {what}; "
             f"rule {event.rule}, warned once per layer and rule")
+
+
+def _growth_text(rate: float) -> str:
+    """How fast a logit growing at ``rate`` (slope of ln x per step) grows, for a message: the
+    factor e^r per step, and the doubling time ln 2 / r with one decimal while it is over one
+    step (a rate ≥ ln 2 doubles within a step, and 1/r rounded to whole steps reads 0)."""
+    try:
+        factor = f"×{math.exp(rate):.3g} per step"
+    except OverflowError:
+        factor = f"×e^{rate:.3g} per step"
+    if 0 < rate < math.log(2):
+        return f"growing {factor}, doubling every {math.log(2) / rate:.1f} steps"
+    return f"growing {factor}"

@@ -63,6 +63,8 @@ from typing import Any
 
 import numpy as np
 
+# the frozen criterion is shared with the training alarm (one implementation, in alarm.py)
+from attnscale.integrations.alarm import ONE_HOT_FACTOR, critical_std, frozen_limit, is_frozen
 from attnscale.measure import inspection as I
 from attnscale.measure.stats import SATURATION
 from attnscale.util.validate import check_float, check_int
@@ -83,10 +85,6 @@ GROWTH = 2.0
 PLOT_NAME = "attention_check.png"
 HEAD_SPEC = re.compile(r"([0-9]+)\.([0-9]+)")  # "L.H": layer L, head H, both 0-based
 
-
-# s/s_c at which the median row's top-two logit gap, ln 2 · s/s_c, reaches ln(1/ε) of float32
-# (23 ln 2): the row is one-hot to machine precision (module docstring)
-ONE_HOT_FACTOR = 23.0
 
 
 @dataclass(frozen=True)
@@ -139,12 +137,6 @@ class Flag:
         return f"{where}: logits not finite (max |logit| {self.value})"
 
 
-def critical_std(entropy_uniform: float) -> float:
-    """s_c = √(2 ln n) for a head whose rows see on average ln n = ``entropy_uniform`` keys
-    (in nats; the REM freezing point, Derrida 1981); NaN stays NaN."""
-    return math.sqrt(2.0 * max(number(entropy_uniform), 0.0))
-
-
 def number(value: Any) -> float:
     """``value`` as a float; None (a NaN after a JSON round trip) as NaN."""
     return math.nan if value is None else float(value)
@@ -172,9 +164,8 @@ def flags(result: dict[str, Any], thresholds: Thresholds | None = None) -> list[
                 out.append(Flag(*at, "nonfinite", top if not math.isfinite(top) else std, 0.0))
                 continue
             log_n = number(h["entropy_uniform"])
-            limit = t.std_factor * critical_std(log_n)
-            if log_n > 0 and std > limit:  # NaN compares False: no flag from a missing value
-                out.append(Flag(*at, "frozen", std, limit))
+            if is_frozen(std, log_n, t.std_factor):  # the alarm's frozen rule, the same test
+                out.append(Flag(*at, "frozen", std, frozen_limit(log_n, t.std_factor)))
             uniform = number(h["entropy_normalized"])
             judged += log_n > 0
             if log_n > 0 and uniform > t.uniform_above:

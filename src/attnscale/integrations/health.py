@@ -17,11 +17,16 @@ What is logged per layer (:data:`HEALTH_STATISTICS`), each as ``{prefix}/{layer}
 * ``entropy_normalized``: H_i / ln n_i, H_i = −Σ_j p_ij ln p_ij the entropy of row i over its n_i
   visible keys; 1 is uniform attention, 0 one-hot. Zhai et al. 2023 (arXiv:2303.06296) tie
   training instability to its collapse ("entropy collapse").
+* ``entropy_uniform``: the mean over rows of ln n_i, the entropy of uniform attention over the
+  keys each row sees; s_c = √(2 ln n) is the freezing scale the alarm's ``frozen`` rule and
+  ``attnscale check`` compare each head's logit std with.
 * ``saturated_fraction``: the share of rows whose largest weight exceeds 0.9.
 * ``z_loss``: the mean over rows of (ln Σ_j e^{ℓ_ij})², PaLM's auxiliary z-loss term
   (Chowdhery et al. 2022, arXiv:2204.02311) applied to the attention normalizer.
 
-Per head, ``max_abs_logit_head{h}`` (:func:`head_scalars`): each head's max |logit|.
+Per head (:func:`head_scalars`): ``max_abs_logit_head{h}``, each head's max |logit|, and
+``logit_std_head{h}``, each head's logit std (what the ``frozen`` rule reads: one frozen head
+is enough, and the layer's mean std hides it).
 
 The alarm's rules (levels and growth rates, every one recorded each time it holds) are in
 :mod:`attnscale.integrations.alarm`, re-exported here.
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from attnscale.integrations.alarm import (
     RULES,
@@ -46,6 +52,7 @@ from attnscale.integrations.alarm import (
 from attnscale.util.validate import check_float, check_int
 
 __all__ = [
+    "HEAD_STATISTICS",
     "HEALTH_STATISTICS",
     "RULES",
     "AlarmEvent",
@@ -55,11 +62,13 @@ __all__ = [
     "LossDivergence",
     "head_scalars",
     "health_scalars",
+    "per_head_scalars",
     "split_key",
 ]
 
 HEALTH_STATISTICS = ("nonfinite_fraction", "max_abs_logit", "logit_std", "entropy_normalized",
-                     "saturated_fraction", "z_loss")
+                     "entropy_uniform", "saturated_fraction", "z_loss")
+HEAD_STATISTICS = ("max_abs_logit", "logit_std")  # logged per head as "{statistic}_head{h}"
 
 
 def check_prefix(prefix: object) -> str:
@@ -72,19 +81,31 @@ def check_prefix(prefix: object) -> str:
     return prefix
 
 
-def head_scalars(per_head: Mapping[str, Sequence[float]], prefix: str = "attention"
-                 ) -> dict[str, float]:
-    """``{f"{prefix}/{layer}/max_abs_logit_head{h}": value}``: each head's max |logit| of
-    ``per_head`` ({layer: [one float per head]}, e.g. ``AttentionStats.max_abs_logit`` of
-    :meth:`Monitor.stats`). The layer's ``max_abs_logit`` is their max; the per-head values
-    say which head grows (the statistic names end in ``_head{h}``, so the alarm, which reads
-    ``max_abs_logit``, does not count them twice)."""
+def head_scalars(per_head: Mapping[str, Sequence[float]], prefix: str = "attention",
+                 statistic: str = "max_abs_logit") -> dict[str, float]:
+    """``{f"{prefix}/{layer}/{statistic}_head{h}": value}``: each head's value of ``per_head``
+    ({layer: [one float per head]}, e.g. ``AttentionStats.max_abs_logit`` of
+    :meth:`Monitor.stats`). The layer's ``max_abs_logit`` is the max of its heads'; the
+    per-head values say which head grows (the names end in ``_head{h}``, so the alarm's layer
+    rules, which read ``max_abs_logit``, do not count them twice; its ``frozen`` rule reads
+    ``logit_std_head{h}``)."""
     prefix = check_prefix(prefix)
     if not isinstance(per_head, Mapping):
         raise TypeError(f"per_head must be a mapping layer -> per-head values, got "
                         f"{type(per_head).__name__}")
-    return {f"{prefix}/{layer}/max_abs_logit_head{h}": float(v)
+    if not isinstance(statistic, str) or not statistic or "/" in statistic:
+        raise ValueError(f"statistic must be a non-empty name without '/', got {statistic!r}")
+    return {f"{prefix}/{layer}/{statistic}_head{h}": float(v)
             for layer, values in per_head.items() for h, v in enumerate(values)}
+
+
+def per_head_scalars(stats: Mapping[str, Any], prefix: str = "attention") -> dict[str, float]:
+    """:func:`head_scalars` of every statistic of :data:`HEAD_STATISTICS` from ``stats``
+    ({layer: :class:`attnscale.measure.headstats.AttentionStats`}, :meth:`Monitor.stats`)."""
+    return {key: value for name in HEAD_STATISTICS
+            for key, value in head_scalars({layer: list(getattr(s, name).tolist())
+                                            for layer, s in stats.items()},
+                                           prefix, name).items()}
 
 
 def health_scalars(flat: Mapping[str, float], prefix: str = "attention") -> dict[str, float]:

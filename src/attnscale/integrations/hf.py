@@ -26,6 +26,15 @@ Trainer adds the entry to ``state.log_history`` and every reporter writes it at 
 step (TensorBoard under ``train/attention/...``). ``trainer.log`` resets ``control.should_log``,
 which the callback restores, so the Trainer's own loss log of that step still happens.
 
+Not on the console (:func:`log_to_reporters`): ``trainer.log`` also reaches the Trainer's console
+callbacks (``ProgressCallback``, ``PrinterCallback``, the notebook's), which print every log
+dict: over a thousand characters of statistics at every sampled step. Unless ``verbose=True``,
+they are left out of that one call (the handler's callback list is swapped for the call and
+restored), so TensorBoard, W&B and every other ``report_to`` backend, ``state.log_history`` and
+any user callback still receive the values, and the console shows the Trainer's own loss logs
+and the alarm's warnings only. A one-line summary goes to the ``logging`` logger
+``attnscale.integrations.hf`` at INFO (silent unless logging is configured).
+
 Under data parallelism (DDP, ``torchrun``): each rank measures its own batch and the statistics
 are pooled across ranks at the sampled step's end
 (:func:`attnscale.measure.distributed.all_reduce_monitor`: sums add, max |logit| takes the max,
@@ -37,6 +46,9 @@ the divergence test reads is already averaged across ranks by the Trainer.
 
 from __future__ import annotations
 
+import logging
+import math
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -48,25 +60,53 @@ from attnscale.integrations.health import (
     HealthThresholds,
     LossDivergence,
     check_prefix,
-    head_scalars,
     health_scalars,
+    per_head_scalars,
 )
 from attnscale.integrations.tensorboard import padding_query_mask
 from attnscale.measure.distributed import all_reduce_monitor
 from attnscale.measure.monitor import Monitor
 from attnscale.util.validate import check_int
 
-__all__ = ["AttentionHealthCallback"]
+__all__ = ["CONSOLE_CALLBACKS", "AttentionHealthCallback", "log_to_reporters"]
+
+LOGGER = logging.getLogger(__name__)
+# the Trainer's callbacks that print every log dict to the console (transformers 4.x and 5.x)
+CONSOLE_CALLBACKS = ("ProgressCallback", "PrinterCallback", "NotebookProgressCallback")
+
+
+def log_to_reporters(trainer: Any, values: Mapping[str, float], console: bool = False) -> None:
+    """``trainer.log(values)``, so every ``report_to`` backend (TensorBoard, W&B, ...),
+    ``state.log_history`` and every callback receive ``values``; with ``console`` False, the
+    callbacks of :data:`CONSOLE_CALLBACKS` (and their subclasses), which print each log dict,
+    are left out of this one call. The Trainer's ``control.should_log``, which ``trainer.log``
+    clears, is kept, so the Trainer's own loss log of the step still happens."""
+    handler = trainer.callback_handler
+    control = getattr(trainer, "control", None)
+    should_log = getattr(control, "should_log", None)
+    kept = handler.callbacks
+    if not console:
+        handler.callbacks = [cb for cb in kept if not any(
+            c.__name__ in CONSOLE_CALLBACKS for c in type(cb).__mro__)]
+    try:
+        trainer.log(dict(values))
+    finally:
+        handler.callbacks = kept  # the same list object: add/remove_callback still act on it
+    # trainer.log replaced trainer.control by the handler's return: the same object, cleared
+    control = getattr(trainer, "control", control)
+    if should_log is not None and control is not None:
+        control.should_log = should_log
 
 
 class AttentionHealthCallback(TrainerCallback):
     """Per-layer attention health every ``every_n_steps`` optimizer steps, with an alarm.
 
     Logged at each sampled step s (steps every_n_steps, 2·every_n_steps, ...), through
-    ``trainer.log``: ``{prefix}/{layer}/{statistic}`` for the statistics of
-    :data:`attnscale.integrations.health.HEALTH_STATISTICS` (the share of non-finite logits,
-    max |logit|, logit std, entropy / ln n, saturated fraction, z-loss), each head's max |logit|
-    as ``{prefix}/{layer}/max_abs_logit_head{h}``, and ``{prefix}/alarms``, the number of layers
+    ``trainer.log`` to every ``report_to`` backend: ``{prefix}/{layer}/{statistic}`` for the
+    statistics of :data:`attnscale.integrations.health.HEALTH_STATISTICS` (the share of
+    non-finite logits, max |logit|, logit std, entropy / ln n, mean ln n, saturated fraction,
+    z-loss), each head's max |logit| and logit std as ``{prefix}/{layer}/max_abs_logit_head{h}``
+    and ``{prefix}/{layer}/logit_std_head{h}``, and ``{prefix}/alarms``, the number of layers
     on which a rule has fired so far. The alarm (:class:`AttentionAlarm`) checks levels and
     growth rates at each sampled step and records every rule each time it holds; its rate
     rules fit a slope over the samples of the last ``thresholds.growth_window`` steps (the last
@@ -84,6 +124,10 @@ class AttentionHealthCallback(TrainerCallback):
             ``loss_jump`` times the lowest earlier one, or a non-finite loss or gradient norm;
             None: non-finite only.
         warn: issue an :class:`AttentionHealthWarning` once per (layer, rule) when it fires.
+        verbose: also print the statistics on the console (the Trainer's progress or printer
+            callback). False: they reach every ``report_to`` backend and
+            ``state.log_history``, and the console shows nothing of them
+            (:func:`log_to_reporters`).
 
     After training: :attr:`alarm` (its ``fired`` {layer: step} and ``events``),
     :attr:`alarm_step`, :attr:`diverged_step`, :attr:`lead_time`, :attr:`history` (step,
@@ -93,10 +137,12 @@ class AttentionHealthCallback(TrainerCallback):
     def __init__(self, trainer: Any = None, *, every_n_steps: int = 50,
                  thresholds: HealthThresholds | None = None, stop: bool = False,
                  prefix: str = "attention", loss_jump: float | None = 2.0,
-                 warn: bool = True) -> None:
+                 warn: bool = True, verbose: bool = False) -> None:
         self.every_n_steps = check_int("every_n_steps", every_n_steps, minimum=1)
-        if not isinstance(stop, bool):
-            raise TypeError(f"stop must be a bool, got {type(stop).__name__}")
+        for name, flag in (("stop", stop), ("verbose", verbose)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        self.verbose = verbose
         self.prefix = check_prefix(prefix)
         self.stop = stop
         self.alarm = AttentionAlarm(thresholds, warn=warn)
@@ -177,12 +223,15 @@ class AttentionHealthCallback(TrainerCallback):
             return
         flat, heads = self._close(pooled=True)
         step = state.global_step
-        values = {**health_scalars(flat, self.prefix), **head_scalars(heads, self.prefix)}
-        events = self.alarm.update(step, flat)
+        values = {**health_scalars(flat, self.prefix), **heads}
+        # the alarm reads the layer statistics and each head's logit std, named by layer alone
+        events = self.alarm.update(step, {**flat, **{k.removeprefix(f"{self.prefix}/"): v
+                                                    for k, v in heads.items()}})
         self.history.append((step, values))
-        should_log = control.should_log
-        self.trainer.log({**values, f"{self.prefix}/alarms": float(len(self.alarm.fired))})
-        control.should_log = should_log  # trainer.log cleared it: keep the Trainer's own log
+        alarms = float(len(self.alarm.fired))
+        log_to_reporters(self.trainer, {**values, f"{self.prefix}/alarms": alarms},
+                         console=self.verbose)
+        LOGGER.info("%s", _summary(step, flat, alarms))
         if events and self.stop:
             control.should_training_stop = True
             self.stopped_at = step
@@ -206,10 +255,11 @@ class AttentionHealthCallback(TrainerCallback):
         self._hook = model.register_forward_pre_hook(padding_rows, with_kwargs=True)
         self._monitor = monitor
 
-    def _close(self, pooled: bool = False) -> tuple[dict[str, float], dict[str, list[float]]]:
+    def _close(self, pooled: bool = False) -> tuple[dict[str, float], dict[str, float]]:
         """Remove the hooks; the flat statistics recorded (:meth:`Monitor.flat_stats`, where a
         layer with non-finite logits reads nonfinite_fraction > 0 and max_abs_logit inf) and
-        {layer: per-head max |logit|}; ({}, {}) if no monitor was open. ``pooled``: under
+        the per-head ones (:func:`per_head_scalars`, under the prefix); ({}, {}) if no monitor
+        was open. ``pooled``: under
         torch.distributed, first pool every rank's recording (a collective, so only at a
         sampled step's end, which every rank reaches together; never in the clean-up paths)."""
         monitor, self._monitor = self._monitor, None
@@ -219,5 +269,15 @@ class AttentionHealthCallback(TrainerCallback):
         monitor.__exit__(None, None, None)
         if pooled:
             all_reduce_monitor(monitor)
-        heads = {name: s.max_abs_logit.tolist() for name, s in monitor.stats().items()}
-        return monitor.flat_stats(), heads
+        return monitor.flat_stats(), per_head_scalars(monitor.stats(), self.prefix)
+
+
+def _summary(step: int, flat: Mapping[str, float], alarms: float) -> str:
+    """One line for the logger: the step, the largest max |logit| and the lowest entropy / ln n
+    over the layers, and how many layers have alarmed."""
+    def pick(stat: str, best: Any) -> float:
+        values = [v for k, v in flat.items() if k.rsplit("/", 1)[-1] == stat and not math.isnan(v)]
+        return best(values) if values else math.nan
+    return (f"attention at step {step}: max |logit| {pick('max_abs_logit', max):.4g}, "
+            f"lowest entropy / ln n {pick('entropy_normalized', min):.3g}, "
+            f"{alarms:.0f} layer(s) alarmed")

@@ -212,6 +212,7 @@ class QKClip:
         self.model = model
         self.tau = check_tau(tau)
         self.monitor = Monitor(model)
+        self.last_max_logit: dict[str, np.ndarray] = {}  # S_h of the last apply, pre-clip
         for name, module in model.named_modules():  # fail now on attention it cannot clip
             if isinstance(module, (MultiheadSelfAttention, nn.MultiheadAttention)):
                 _layout(module, name)
@@ -233,13 +234,15 @@ class QKClip:
 
     def apply(self) -> list[HeadClip]:
         """Clip every head whose recorded max |logit| exceeds τ (:func:`qk_clip_`), forget the
-        recording, and return the clipped heads ([] if nothing was recorded). Under
+        recording, and return the clipped heads ([] if nothing was recorded);
+        :attr:`last_max_logit` keeps the per-head maxima it judged (before clipping). Under
         torch.distributed every rank must call it at the same step: the maxima are first
         reduced across ranks (:func:`attnscale.measure.distributed.all_reduce_monitor`), so
         every replica clips the same heads by the same γ."""
         all_reduce_monitor(self.monitor)
         maxima = self.max_logit()
         self.monitor.reset()
+        self.last_max_logit = maxima  # what a logger reports: the maxima before clipping
         return qk_clip_(self.model, maxima, self.tau)
 
 

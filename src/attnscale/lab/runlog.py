@@ -5,7 +5,10 @@
   scores after scaling and masking, and their softmax pattern), the RMS √mean(x²) of q and k,
   the typical row's logit spread (:func:`row_spread`), and
   the mean of each learned scalar or per-head score parameter, from one extra no-grad forward of
-  the first ``stats_batch`` sequences of the current batch (:func:`head`).
+  the first ``stats_batch`` sequences of the current batch (:func:`head`); and, for the
+  attention alarm's ``frozen`` rule, the mean ln n_i (``entropy_uniform``) and each head's
+  logit std (``logit_std_heads``). :func:`alarm_stats` turns a row's layers into the flat
+  ``{"layer/statistic": float}`` dict :class:`attnscale.integrations.alarm.AttentionAlarm` reads.
 * TensorBoard (``run(..., tensorboard=DIR)``, ``attnscale train --tensorboard DIR``): each history
   row of :class:`attnscale.lab.train.Trainer` is also written (:func:`write_row`) to event files
   in DIR as scalars ``train/loss``, ``train/lr``, ``train/grad_norm`` (and ``eval/loss``,
@@ -29,12 +32,16 @@ from attnscale.integrations.tensorboard import ScalarWriter, log_attention
 from attnscale.lab.tasks import Batch
 from attnscale.measure.monitor import Monitor
 
-__all__ = ["LAYER_STATS", "TENSORBOARD_EXTRA", "attention_rows", "head", "layer_row",
-           "open_tensorboard", "rms", "row_spread", "tensorboard_available", "write_row"]
+__all__ = ["ALARM_KEYS", "LAYER_STATS", "TENSORBOARD_EXTRA", "alarm_stats", "attention_names",
+           "attention_rows", "head", "layer_row", "open_tensorboard", "rms", "row_spread",
+           "tensorboard_available", "write_row"]
 
 TENSORBOARD_EXTRA = "hf"  # the pyproject.toml optional-dependency group with tensorboard
 LAYER_STATS = ("max_abs_logit", "logit_std", "entropy", "entropy_normalized", "max_weight",
                "saturated_fraction", "logsumexp", "nonfinite_fraction")
+# the layer-row statistics the attention alarm reads (plus each head's logit std)
+ALARM_KEYS = ("max_abs_logit", "logit_std", "entropy_normalized", "nonfinite_fraction",
+              "entropy_uniform")
 # stays finite (a fraction) when the logits are not: a diverged layer reads 1, not "missing"
 ALWAYS_FINITE = ("nonfinite_fraction",)
 # (history row key, TensorBoard tag) of the scalars every row may carry
@@ -74,7 +81,42 @@ def attention_rows(model: nn.Module, batch: Batch) -> list[dict[str, float | Non
         for n, m in modules.items():
             m.capture = previous[n]
     stats = monitor.stats()
-    return [layer_row(modules[n], *qk[n], stats[n].mean()) for n in modules if n in qk]
+    rows = []
+    for n in modules:
+        if n in qk:
+            means = stats[n].mean()
+            row = layer_row(modules[n], *qk[n], means)
+            log_n = means.get("entropy_uniform", math.nan)
+            row["entropy_uniform"] = log_n if math.isfinite(log_n) else None
+            row["logit_std_heads"] = [float(x) if math.isfinite(x) else None
+                                      for x in stats[n].logit_std.tolist()]
+            rows.append(row)
+    return rows
+
+
+def attention_names(model: nn.Module) -> list[str]:
+    """The module names of ``model``'s ``MultiheadSelfAttention`` layers, in order: the layers
+    of :func:`attention_rows`, one row each."""
+    return [n for n, m in model.named_modules() if isinstance(m, MultiheadSelfAttention)]
+
+
+def alarm_stats(names: list[str], layers: list[dict[str, Any]]) -> dict[str, float]:
+    """``{f"{name}/{statistic}": value}`` of a history row's ``layers`` (:func:`attention_rows`,
+    named by ``names``, :func:`attention_names`): :data:`ALARM_KEYS` and each head's
+    ``logit_std_head{h}``, for :meth:`attnscale.integrations.alarm.AttentionAlarm.update`.
+    A None (non-finite) value is left out, except max |logit|, which reads +inf when the layer's
+    non-finite fraction is above 0 (the logits overflowed)."""
+    out: dict[str, float] = {}
+    for name, row in zip(names, layers, strict=True):
+        for key in ALARM_KEYS:
+            if row.get(key) is not None:
+                out[f"{name}/{key}"] = float(row[key])
+        if row.get("max_abs_logit") is None and (row.get("nonfinite_fraction") or 0) > 0:
+            out[f"{name}/max_abs_logit"] = math.inf
+        for h, std in enumerate(row.get("logit_std_heads") or []):
+            if std is not None:
+                out[f"{name}/logit_std_head{h}"] = float(std)
+    return out
 
 
 def head(batch: Batch, n: int) -> Batch:

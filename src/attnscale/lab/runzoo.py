@@ -12,7 +12,8 @@ seed. Tuning seeds :data:`TUNE_SEEDS`, report seeds :data:`REPORT_SEEDS`.
 What a run records: its per-step training loss, and at every ``every``-th step (s = 0, every,
 …) the statistics of that step's own training forward (no extra pass), through
 :class:`attnscale.measure.monitor.Monitor` as :class:`AttentionHealthCallback` measures them:
-``Monitor.flat_stats()`` plus per-head max |logit|. The label comes from the loss alone
+``Monitor.flat_stats()`` plus each head's max |logit| and logit std (what the ``frozen`` rule
+reads, with the layer's ``entropy_uniform``). The label comes from the loss alone
 (:func:`attnscale.integrations.outcome.label_run`), against the run at :data:`REFERENCE_LR` of
 the same (score, warmup, seed): same initialisation and batches.
 """
@@ -25,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from attnscale.integrations.health import head_scalars
+from attnscale.integrations.health import per_head_scalars
 from attnscale.integrations.outcome import label_run
 from attnscale.lab.config import TrainConfig
 from attnscale.lab.train import Trainer, num_threads
@@ -50,7 +51,8 @@ BASE: dict[str, Any] = {
     "stats": False, "log_every": 10**6,  # the zoo measures the training forward itself
     "divergence_factor": 1e6,  # the lab stops only at a non-finite loss; outcome labels the rest
 }  # fmt: skip
-KEEP = ("nonfinite_fraction", "max_abs_logit", "entropy_normalized", "logit_std")
+KEEP = ("nonfinite_fraction", "max_abs_logit", "entropy_normalized", "logit_std",
+        "entropy_uniform")
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ def members(seeds: tuple[int, ...]) -> list[Member]:
 def train_member(member: Member, every: int = 5, steps: int = STEPS) -> dict[str, Any]:
     """Train ``member`` single-threaded; {"member", "losses", "samples": [[step, stats]],
     "every", "elapsed_s"} with stats the :data:`KEEP` statistics of ``Monitor.flat_stats()``
-    and per-head max |logit| (``layer/max_abs_logit_head{h}``) of each sampled step."""
+    and per-head max |logit| and logit std (``layer/max_abs_logit_head{h}``,
+    ``layer/logit_std_head{h}``) of each sampled step."""
     every = check_int("every", every, minimum=1)
     start = time.perf_counter()
     losses: list[float] = []
@@ -100,8 +103,7 @@ def train_member(member: Member, every: int = 5, steps: int = STEPS) -> dict[str
             with Monitor(trainer.model) as monitor:
                 losses.append(trainer.step())
             flat = {k: v for k, v in monitor.flat_stats().items() if k.rsplit("/", 1)[1] in KEEP}
-            heads = {n: s.max_abs_logit.tolist() for n, s in monitor.stats().items()}
-            prefixed = head_scalars(heads, prefix="zoo")  # "zoo/<layer>/max_abs_logit_head<h>"
+            prefixed = per_head_scalars(monitor.stats(), prefix="zoo")  # zoo/<layer>/<stat>_head<h>
             flat.update({k.removeprefix("zoo/"): v for k, v in prefixed.items()})
             samples.append([step, flat])
     return {"member": asdict(member), "name": member.name, "losses": losses,

@@ -34,6 +34,15 @@ clipping at 1, independent weight decay 1e-4, optional z-loss, linear warmup the
   of the current batch's first ``stats_batch`` (16) sequences (16 sequences of 64 tokens are
   1024 query rows per head; the whole batch would double the cost of logging). Every
   ``eval_every`` steps a row also holds the eval loss and metric.
+* Attention alarm: with ``stats`` on, every history row's per-layer statistics go to an
+  :class:`attnscale.integrations.alarm.AttentionAlarm` with its shipped rules (a NaN logit, max
+  |logit| above 1e4, fast logit growth, frozen heads: docs/alarm.md). :func:`run` issues one
+  :class:`~attnscale.integrations.alarm.AttentionHealthWarning` at the end of a run on which a
+  rule fired, naming each layer, rule and first step (so ``attnscale train`` never ends a run
+  whose attention blew up with a silent "done"), logs the first firing at INFO (logger
+  ``attnscale.lab.train``), and the record keeps the alarm (``RunResult.alarm``). The rows are
+  sampled every ``log_every`` steps, from the extra no-grad forward, so the growth rule fits
+  its slope over the rows of its window (the last two when they are further apart).
 * TensorBoard (``run(..., tensorboard=DIR)``, ``attnscale train --tensorboard DIR``): each history
   row also goes to event files in DIR; tags in :mod:`attnscale.lab.runlog`, which also computes
   the per-layer statistics of the rows.
@@ -47,8 +56,10 @@ The defaults are the MQAR quick config (see :class:`attnscale.lab.config.TrainCo
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
@@ -60,6 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnscale.integrations.alarm import AttentionAlarm, AttentionHealthWarning
 from attnscale.integrations.qkclip import QKClip
 from attnscale.integrations.tensorboard import ScalarWriter
 from attnscale.lab.build import (
@@ -76,6 +88,8 @@ from attnscale.lab.models import GPTConfig
 from attnscale.lab.runlog import (
     LAYER_STATS,
     TENSORBOARD_EXTRA,
+    alarm_stats,
+    attention_names,
     attention_rows,
     head,
     open_tensorboard,
@@ -94,6 +108,7 @@ __all__ = [
     "TrainConfig",
     "Trainer",
     "absorb_factor",
+    "alarm_message",
     "attention_rows",
     "build_model",
     "build_optimizer",
@@ -108,6 +123,7 @@ __all__ = [
 ]
 
 DIVERGENCE_GRACE_STEPS = 10
+LOGGER = logging.getLogger(__name__)
 
 Progress = Callable[[int, float], None]  # (steps done, training loss of the last step)
 
@@ -122,6 +138,8 @@ class RunResult:
     one per eval length). A diverged run is evaluated as it stands (None if its weights are not
     finite). ``steps`` counts applied optimizer updates; ``initial_loss`` is the step-0 loss.
     ``tensorboard``: the folder the run wrote TensorBoard event files to, if any.
+    ``alarm``: what the attention alarm saw (:meth:`Trainer.alarm_record`): its first step
+    (None: it never fired), the first step of each (layer, rule) and how often each rule held.
     """
 
     status: Literal["done", "diverged"]
@@ -142,6 +160,7 @@ class RunResult:
     elapsed_s: float
     num_params: int = 0
     tensorboard: str | None = None
+    alarm: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serializable data."""
@@ -254,6 +273,9 @@ class Trainer:
         clip = config.optim.qk_clip
         self.qk_clip = None if clip is None else QKClip(self.model, clip)
         self._clipped = 0  # heads clipped since the last history row
+        # the shipped rules, fed each history row's layers; run() warns once, at the end
+        self.alarm = AttentionAlarm(warn=False)
+        self._layer_names = attention_names(self.model)
 
     @property
     def done(self) -> bool:
@@ -329,7 +351,28 @@ class Trainer:
                 row["layers"] = layers
                 logits = [r["max_abs_logit"] for r in layers if r["max_abs_logit"] is not None]
                 row["max_abs_logit"] = max(logits) if logits else None
+                self._watch(step, layers)
         return row
+
+    def _watch(self, step: int, layers: list[dict[str, Any]]) -> None:
+        """Feed one row's layers to the alarm; log the first firing when it happens."""
+        first = self.alarm.first_step is None
+        events = self.alarm.update(step, alarm_stats(self._layer_names, layers))
+        if events and first:
+            LOGGER.info("attention alarm at step %d: %s", step,
+                           "; ".join(f"{e.layer} {e.rule}" for e in events))
+
+    def alarm_record(self) -> dict[str, Any]:
+        """The alarm's findings, JSON-ready: ``alarm_step`` (first firing, None if none),
+        ``fired`` ({layer: first step}), ``rule_steps`` ({rule: first step}), ``rule_counts``
+        (how many (row, layer) pairs each rule held on) and ``first`` (the first event of each
+        (layer, rule), as dicts)."""
+        seen: dict[tuple[str, str], dict[str, Any]] = {}
+        for event in self.alarm.events:
+            seen.setdefault((event.layer, event.rule), event.to_dict())
+        return {"alarm_step": self.alarm.first_step, "fired": dict(self.alarm.fired),
+                "rule_steps": dict(self.alarm.rule_steps), "rule_counts": self.alarm.counts(),
+                "first": list(seen.values())}
 
     def result(self, elapsed_s: float) -> RunResult:
         """Evaluate the final weights and assemble the record."""
@@ -354,6 +397,7 @@ class Trainer:
             git_rev=provenance.git_revision(),
             elapsed_s=elapsed_s,
             num_params=sum(p.numel() for p in self.model.parameters()),
+            alarm=self.alarm_record(),
         )
 
 
@@ -380,4 +424,21 @@ def run(config: TrainConfig | Mapping[str, Any], progress: Progress | None = Non
         if writer is not None:
             writer.close()  # flushes the event file
     result.tensorboard = None if tensorboard is None else str(tensorboard)
+    if result.alarm and result.alarm["alarm_step"] is not None:
+        warnings.warn(alarm_message(result), AttentionHealthWarning, stacklevel=2)
     return result
+
+
+def alarm_message(result: RunResult) -> str:
+    """One paragraph: the run's status and, per layer, each rule that fired and its first step
+    (with the value that crossed its threshold), then the largest max |logit| logged."""
+    alarm = result.alarm or {}
+    parts = []
+    for e in alarm.get("first", []):
+        value = f"{e['value']:.3g} vs {e['threshold']:.3g}"
+        parts.append(f"{e['layer']}: {e['rule']} from step {e['step']} ({value})")
+    peak = [r["max_abs_logit"] for r in result.history if r.get("max_abs_logit") is not None]
+    tail = f"; largest max |logit| logged {max(peak):.4g}" if peak else ""
+    return (f"attention health alarm during training (run {result.status}, first at step "
+            f"{alarm.get('alarm_step')}): " + "; ".join(parts) + tail
+            + ". See docs/alarm.md; the run record's 'alarm' has every step.")

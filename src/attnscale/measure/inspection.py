@@ -6,13 +6,17 @@ give without the 1/√d factor and with cosine similarity at τ = 1. Statistics 
 (non-padding) query positions of every input.
 
 Only safetensors weights are loaded; pickle checkpoints are refused (unpickling runs code).
+Inputs are truncated to the token budget, never past the positions the model has
+(:func:`token_limit`): a GPT-2 with 64 positions reads 64 tokens at most, whatever was asked.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,19 @@ MINILM = "minilm"
 DEFAULT_SENTENCES = 64
 MAX_TOKENS = 128
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# Config keys that bound the sequence length a model takes, by architecture: GPT-2 (n_positions,
+# n_ctx), BERT and Llama (max_position_embeddings), MPT (max_seq_len), ChatGLM and Qwen
+# (seq_length), and others'; the least of those present is the limit.
+POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "max_seq_len",
+                 "max_sequence_length", "max_seq_length", "seq_length")
+# RoBERTa-like models number positions from pad_token_id + 1: their max_position_embeddings
+# (514) is that many more than the tokens they take (512)
+OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text",
+                    "longformer", "ibert", "mpnet", "roberta-prelayernorm", "esm", "xmod",
+                    "lilt", "layoutlmv3", "markuplm")
+# Tokenizers that know no limit say model_max_length = int(1e30) (transformers'
+# VERY_LARGE_INTEGER); a limit above this is not one
+SANE_TOKENIZER_LIMIT = 10**7
 
 
 def minilm_path() -> Path:
@@ -95,8 +112,9 @@ def inspect_model(
 ) -> dict[str, Any]:
     """Run the model on ``sentences`` under :class:`attnscale.measure.monitor.Monitor`.
 
-    Returns {"model", "path", "n_tokens", "n_sentences", "elapsed_s", "layers": [{"layer",
-    "name", "heads": [one dict a head, :func:`head_rows`]}]}.
+    Returns {"model", "path", "n_tokens", "n_sentences", "elapsed_s", "max_tokens" (the
+    token budget, :func:`token_budget`), "layers": [{"layer", "name", "heads": [one dict a
+    head, :func:`head_rows`]}]}.
     """
     path = resolve_model_dir(model)
     sentences = default_sentences() if sentences is None else sentences
@@ -112,6 +130,7 @@ def inspect_model(
         "n_tokens": n_tokens,
         "n_sentences": len(sentences),
         "elapsed_s": time.perf_counter() - started,
+        "max_tokens": token_budget(max_tokens, path),
         "layers": layers,
     }
 
@@ -119,9 +138,13 @@ def inspect_model(
 def monitored_stats(path: Path, sentences: list[str], max_tokens: int = MAX_TOKENS,
                     batch_size: int = 16) -> tuple[int, tuple[dict, dict, dict]]:
     """(real tokens, (actual, unscaled, cosine τ=1) statistics per layer) of the model in
-    ``path`` on ``sentences``: batches of ``batch_size``, truncated to ``max_tokens``, padding
-    query rows left out (``Monitor.query_mask``)."""
+    ``path`` on ``sentences``: batches of ``batch_size``, truncated to ``max_tokens`` or the
+    model's limit (:func:`token_limit`) if that is less, padding query rows left out
+    (``Monitor.query_mask``)."""
     hf_model, tokenizer = load_model(path)
+    limit = token_limit(hf_model.config.to_dict(), getattr(tokenizer, "model_max_length", None))
+    if limit is not None:  # past it, a learned position table raises IndexError
+        max_tokens = min(max_tokens, limit[0])
     pads = ensure_pad_token(tokenizer)
     step = batch_size if pads else 1  # nothing to pad with: one input at a time
     n_tokens = 0
@@ -133,6 +156,57 @@ def monitored_stats(path: Path, sentences: list[str], max_tokens: int = MAX_TOKE
             n_tokens += int(batch["attention_mask"].sum())
             hf_model(**batch)
     return n_tokens, (mon.stats(), mon.stats("dot"), mon.stats("cosine_tau1"))
+
+
+def token_limit(config: Mapping[str, Any], tokenizer_max: Any = None) -> tuple[int, str] | None:
+    """(the most tokens a model takes, what says so) from its config dict (``config.json``,
+    or ``PretrainedConfig.to_dict()``) and its tokenizer's ``model_max_length``: the least of
+    the :data:`POSITION_KEYS` present (in ``text_config`` when the top level has none), less
+    the position offset of RoBERTa-like models, and the tokenizer's limit when it names one
+    (below :data:`SANE_TOKENIZER_LIMIT`). None when nothing bounds it (relative positions)."""
+    found = [(config[k], k) for k in POSITION_KEYS if is_count(config.get(k))]
+    if not found and isinstance(config.get("text_config"), Mapping):
+        return token_limit(config["text_config"], tokenizer_max)
+    if config.get("model_type") in OFFSET_POSITIONS and is_count(config.get("pad_token_id")):
+        offset = config["pad_token_id"] + 1
+        found = [(n - offset, f"{k} - {offset} ({config['model_type']} positions start at "
+                  f"pad_token_id + 1)") if k == "max_position_embeddings" else (n, k)
+                 for n, k in found]
+    if is_count(tokenizer_max) and tokenizer_max < SANE_TOKENIZER_LIMIT:
+        found.append((tokenizer_max, "the tokenizer's model_max_length"))
+    found = [(n, k) for n, k in found if n >= 1]
+    return min(found, key=lambda f: f[0]) if found else None
+
+
+def is_count(value: Any) -> bool:
+    """Whether ``value`` is a non-negative int (not a bool, not a float)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def token_budget(asked: int, *paths: Path) -> dict[str, Any]:
+    """The tokens an input may keep in the models in ``paths`` (local folders): ``asked``,
+    or the least of their limits (:func:`token_limit`, from ``config.json`` and
+    ``tokenizer_config.json``) if that is less. Returns {"asked", "used", "limit" (or None),
+    "limit_from" (which setting of which model, or None)}."""
+    limits = []
+    for path in paths:
+        config = read_json(Path(path) / "config.json")
+        tokenizer_max = read_json(Path(path) / "tokenizer_config.json").get("model_max_length")
+        found = token_limit(config, tokenizer_max)
+        if found is not None:
+            limits.append((found[0], f"{found[1]} of {path}"))
+    limit, source = min(limits, key=lambda f: f[0]) if limits else (None, None)
+    used = asked if limit is None else min(asked, limit)
+    return {"asked": asked, "used": used, "limit": limit, "limit_from": source}
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; {} when there is no such file or it holds no object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no file, or not JSON: no limit read from it
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 # Files of which at least one holds a Hugging Face tokenizer (fast, WordPiece, BPE, SentencePiece)
