@@ -68,11 +68,23 @@ from attnscale.measure.distributed import all_reduce_monitor
 from attnscale.measure.monitor import Monitor
 from attnscale.util.validate import check_int
 
-__all__ = ["CONSOLE_CALLBACKS", "AttentionHealthCallback", "log_to_reporters"]
+__all__ = ["CONSOLE_CALLBACKS", "AttentionHealthCallback", "attach_callback", "log_to_reporters"]
 
 LOGGER = logging.getLogger(__name__)
 # the Trainer's callbacks that print every log dict to the console (transformers 4.x and 5.x)
 CONSOLE_CALLBACKS = ("ProgressCallback", "PrinterCallback", "NotebookProgressCallback")
+
+
+def attach_callback(callback: Any, trainer: Any) -> Any:
+    """Add ``callback`` to ``trainer`` (a ``transformers.Trainer``) unless it is there already
+    (e.g. passed as ``Trainer(callbacks=[...])``); returns ``trainer``. TypeError naming
+    ``trainer`` when it is not one (it needs ``log`` and ``callback_handler``)."""
+    handler = getattr(trainer, "callback_handler", None)
+    if not callable(getattr(trainer, "log", None)) or handler is None:
+        raise TypeError(f"trainer must be a transformers.Trainer, got {type(trainer).__name__}")
+    if not any(cb is callback for cb in handler.callbacks):
+        trainer.add_callback(callback)
+    return trainer
 
 
 def log_to_reporters(trainer: Any, values: Mapping[str, float], console: bool = False) -> None:
@@ -158,13 +170,7 @@ class AttentionHealthCallback(TrainerCallback):
     def attach(self, trainer: Any) -> AttentionHealthCallback:
         """Log through ``trainer`` (a ``transformers.Trainer``) and add this callback to it
         unless it is there already (e.g. passed as ``Trainer(callbacks=[...])``)."""
-        handler = getattr(trainer, "callback_handler", None)
-        if not callable(getattr(trainer, "log", None)) or handler is None:
-            raise TypeError(f"trainer must be a transformers.Trainer, got "
-                            f"{type(trainer).__name__}")
-        self.trainer = trainer
-        if not any(cb is self for cb in handler.callbacks):
-            trainer.add_callback(self)
+        self.trainer = attach_callback(self, trainer)
         return self
 
     # -- what the run found -------------------------------------------------------------------

@@ -33,7 +33,7 @@ from typing import Any
 from torch import nn
 from transformers import TrainerCallback
 
-from attnscale.integrations.hf import log_to_reporters
+from attnscale.integrations.hf import attach_callback, log_to_reporters
 from attnscale.integrations.qkclip import KIMI_K2_TAU, HeadClip, QKClip, check_tau
 from attnscale.integrations.tensorboard import padding_query_mask
 
@@ -75,13 +75,7 @@ class QKClipCallback(TrainerCallback):
     def attach(self, trainer: Any) -> QKClipCallback:
         """Log through ``trainer`` (a ``transformers.Trainer``) and add this callback to it
         unless it is there already."""
-        handler = getattr(trainer, "callback_handler", None)
-        if not callable(getattr(trainer, "log", None)) or handler is None:
-            raise TypeError(f"trainer must be a transformers.Trainer, got "
-                            f"{type(trainer).__name__}")
-        self.trainer = trainer
-        if not any(cb is self for cb in handler.callbacks):
-            trainer.add_callback(self)
+        self.trainer = attach_callback(self, trainer)
         return self
 
     def record(self) -> dict[str, Any]:
