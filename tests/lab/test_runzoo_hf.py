@@ -77,11 +77,11 @@ def test_onsets_are_moved_to_global_steps():
 
 
 def test_the_issues_run_is_caught_at_its_first_sample():
-    """The user report behind the frozen rule: a tiny GPT-2 at LR 1e-1 without warmup, sampled
-    every 10 steps, froze its attention before the first sample (entropy / ln n ≈ 0.01, most rows saturated, head logit
-    stds ~250 against 23·s_c ≈ 58): the growth rule sees no growth inside its window, and the
-    rules shipped before the frozen rule stayed silent through step 30. The frozen rule fires
-    at the first sample."""
+    """The user report behind the frozen rule: a tiny GPT-2 at LR 1e-1 without warmup,
+    sampled every 10 steps, froze its attention before the first sample (entropy / ln n
+    about 0.01, most rows saturated, head logit stds ~250 against 23·s_c ≈ 58): the growth
+    rule sees no growth inside its window, and the rules shipped before the frozen rule
+    stayed silent through step 30. The frozen rule fires at the first sample."""
     run = runzoo_hf.train_hf_member(runzoo.Member("scaled_dot", 1e-1, 0, 0), every=10, steps=30)
     first = run["samples"][0][1]
     layer = "attention/transformer.h.0.attn"
