@@ -164,8 +164,8 @@ def test_every_stated_time_comes_from_the_timings_record():
     everywhere = {m.group(0) for m in DURATION.finditer(TEXT)}
     assert everywhere <= set(phrases.values()), everywhere - set(phrases.values())
     record = FIGURES.load(FIGURES.TIMINGS)
-    tests = {r["tests"] for r in record["commands"]["make test"]["runs"]}
-    assert len(tests) == 1 and f"{tests.pop()} tests" in TEXT
+    latest = record["commands"]["make test"]["runs"][-1]["tests"]  # the newest timed run's
+    assert f"{latest} tests" in TEXT, f"the README should count the {latest} tests of the record"
 
 
 def test_the_duration_rounding():
@@ -187,7 +187,7 @@ def test_the_pitch_quotes_the_digest():
     m = re.search(r"\+(\d\.\d+)\s+nats\s+worse\s+at\s+d_k\s+=\s+(\d+)\s+\(claim\s+C13\)", TEXT)
     assert m, "the pitch no longer quotes C13"
     entries = {e["id"]: e for e in FIGURES.load(FIGURES.DIGEST)["entries"]}
-    got = re.search(r"\+(\d\.\d+) nats worse at d_k = (\d+)", entries["C13"]["headline"])
+    got = re.search(r"\+(\d\.\d+) nats(?: worse)? at d_k ?= ?(\d+)", entries["C13"]["headline"])
     assert got and got.group(2) == m.group(2)
     assert f"{float(got.group(1)):.{len(m.group(1)) - 2}f}" == m.group(1)
 

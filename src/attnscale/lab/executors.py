@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 import traceback
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
+from attnscale.integrations.alarm import AttentionHealthWarning
 from attnscale.lab.train import TrainConfig, run
 
 EXECUTORS = ("local", "ray")
@@ -51,9 +53,13 @@ class Outcome:
 
 
 def execute(job: Job) -> Outcome:
-    """Train one config in this process; any exception becomes ``Outcome.error``."""
+    """Train one config in this process; any exception becomes ``Outcome.error``. A sweep's
+    runs keep their alarm in the record (``alarm``) without warning: a sweep over learning
+    rates is meant to reach the ones that break, and a warning per run buried the progress."""
     try:
-        result = run(TrainConfig(**job.config)).to_dict()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", AttentionHealthWarning)
+            result = run(TrainConfig(**job.config)).to_dict()
         return Outcome(job.id, result=result)
     except Exception as e:
         return Outcome(job.id, error=format_error(e))
