@@ -13,11 +13,11 @@ from pydantic import BaseModel
 import attnscale.audit.claims as package
 from attnscale.audit import claim as C
 from attnscale.audit.evidence import Model
-from attnscale.audit.studies import PRESETS, studies
+from attnscale.audit.studies import PRESETS
 from attnscale.audit.verdicts import MissingEvidence, Verdict
 
 CLAIMS_MD = (Path(__file__).parents[2] / "docs" / "claims.md").read_text()
-SHIPPED = [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3", "Q4"]
+SHIPPED = [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3", "Q4", "Q5"]
 
 
 def test_every_claim_and_question_is_registered_in_order():
@@ -40,7 +40,7 @@ def test_one_module_per_claim_named_by_its_id():
 
 
 def test_every_claim_states_what_it_reads():
-    plan = studies(PRESETS["standard"])
+    plan = C.training_plan(PRESETS["standard"])
     kinds: dict[str, object] = {}
     for c in C.all_claims():
         assert c.text and c.measures and c.rule and callable(c.judge), c.id

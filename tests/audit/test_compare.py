@@ -234,3 +234,48 @@ def test_a_censored_comparison_plans_no_seeds_and_a_family_names_each_once():
     with pytest.raises(ValueError, match="two families"):
         C.family({"x": (arm(a), arm(b)), "y": (arm(a), arm(b))}, DELTA,
                  holm_over=[["x", "y"], ["x"]])
+
+
+def test_identical_arms_are_not_measurable_and_leave_the_family():
+    """Arms equal seed by seed (QK-Clip that never acted): every difference is 0, so the
+    comparison is not measurable: undecided, no seeds to plan, no Holm share, and says why."""
+    from attnscale.audit.verdicts import aggregate, seeds_sentence
+    from attnscale.util.jsonio import jsonable
+
+    a, b = pair(6, 0.045, noise=0.01)
+    same = arm(b)
+    alone = C.family({"x": (arm(a), arm(b))}, DELTA)["x"]
+    fam = C.family({"x": (arm(a), arm(b)), "idle": (same, same)}, DELTA)
+    idle = fam["idle"]
+    assert C.readings(fam) == [alone.reading, "not measurable"]
+    assert fam["x"].p_holm == pytest.approx(alone.p_holm, rel=1e-12)
+    assert not idle.decided() and not idle.measurable() and idle.seeds_to_decide is None
+    assert not C.no_worse(idle) and not C.no_better(idle) and not idle.past_delta()
+    assert math.isnan(idle.p_holm) and idle.lo == idle.hi == idle.mean == 0.0
+    assert idle.effect("nats") == ("+0 nats: not measurable — every seed's difference is +0 "
+                                   "(the arms are identical)")
+    dumped = jsonable(fam)
+    assert dumped["idle"]["reading"] == "not measurable" and dumped["idle"]["p_holm"] is None
+    assert seeds_sentence(jsonable({"idle": idle})) is None
+    assert aggregate([idle.reading], {"greater"}, {"less"}) == "inconclusive"
+    assert aggregate([idle.reading, "greater"], {"greater"}, {"less"}) == "inconclusive"
+
+
+def test_a_constant_shift_is_not_measurable_even_when_censored():
+    b = [2.0, 2.3, 1.7, 2.1, 1.9]
+    a = arm([v + 0.25 for v in b], censored=True)
+    c = C.family({"x": (a, arm(b))}, DELTA)["x"]
+    assert c.reading == "not measurable" and c.mean == pytest.approx(0.25)
+    assert c.why == ("every seed's difference is +0.25; best LR at the edge of the grid "
+                     "(censored)")
+    assert c.effect() == f"+0.25: not measurable — {c.why}"
+
+
+def test_the_audit_interval_types_are_the_labs():
+    from attnscale.audit import interval as audit_interval
+    from attnscale.lab import interval as lab_interval
+
+    assert audit_interval.Comparison is lab_interval.Comparison
+    assert audit_interval.Interval is lab_interval.Interval
+    a, b = pair(3, 0.2)
+    assert type(C.family({"x": (arm(a), arm(b))}, DELTA)["x"]) is lab_interval.Comparison

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from attnscale.audit import render, takeaways
 from attnscale.audit import report as R
-from attnscale.audit.claim import Claim, Sources
+from attnscale.audit.claim import Claim, Sources, all_claims
 from attnscale.audit.evidence import Model
 from attnscale.audit.schema import report_schema
 from attnscale.audit.studies import PRESETS, Study
@@ -101,16 +101,17 @@ def test_the_evidence_on_the_page_is_never_cut_short():
 
 
 def test_an_error_entry_validates_against_the_schema():
-    entry = {**judged(claim(missing_arm)), "figure_errors": [], "scale": ""}
+    entry = {**judged(claim(missing_arm)), "figure_errors": [], "scale": "", "panels": [],
+             "panel_errors": []}
     jsonschema.validate(entry, SCHEMA["$defs"]["entry"])
     jsonschema.validate(render.errors([entry]), SCHEMA["properties"]["errors"])
 
 
 def test_takeaways_and_answers_never_build_on_a_failed_rule():
     entries = [{**judged(claim(missing_arm, cid=cid)), "scale": ""}
-               for cid in [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3"]]
+               for cid in [c.id for c in all_claims()]]
     for t in takeaways.takeaways(entries):
-        assert t["answer"][0].startswith("Not answered: the rule"), t
+        assert t["answer"][0].startswith("Not answered here: the rule of"), t
         assert set(t["verdicts"].values()) == {ERROR}
     assert takeaways.answer(entries[-1], {}).startswith("Not answered: missing evidence")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from attnscale.audit import report as R
 from attnscale.audit.claim import (
     Claim,
     Measurement,
+    Panel,
+    Sources,
     Training,
     all_claims,
     registered,
@@ -36,7 +39,7 @@ from attnscale.util.provenance import versions
 
 SCHEMA = report_schema()
 DOCS_SCHEMA = Path(__file__).parents[2] / "docs" / "report.schema.json"
-IDS = [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3", "Q4"]
+IDS = [f"C{i}" for i in range(1, 14)] + ["Q1", "Q2", "Q3", "Q4", "Q5"]
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +111,11 @@ def test_html_escapes_every_string():
     entry = {"id": "C1", "claim": evil, "measures": evil, "verdict": "supported", "rule": evil,
              "because": evil, "headline": evil, "plain": [evil], "regime": evil,
              "smallest": evil, "evidence": {"config": evil},
-             "numbers": {}, "figures": [], "runs": [evil]}
-    ratio = {"ratio": 1.0, "lo": 0.9, "hi": 1.1, "n": 3}
+             "numbers": {}, "figures": [], "runs": [evil],
+             "panels": [{"title": evil, "columns": [evil], "rows": [[evil]], "note": evil}],
+             "panel_errors": [evil]}
     report = {"claims": [entry], "questions": [], "preset": evil, "git_rev": evil,
-              "versions": {"attnscale": evil, "torch": evil}, "elapsed_s": 1.0, "n_runs": 0,
-              "bench": {"rows": [{"n": evil, "cosine": ratio, "floor": ratio}]}}
+              "versions": {"attnscale": evil, "torch": evil}, "elapsed_s": 1.0, "n_runs": 0}
     html = render.render_html(report, "<p>explorer</p>")
     assert evil not in html
     assert "&lt;script&gt;alert(" in html
@@ -123,8 +126,7 @@ def test_the_evidence_on_the_page_is_strict_json():
              "because": "b", "headline": "h", "plain": [], "regime": "", "smallest": "",
              "evidence": {"x": math.nan, "y": [1.5]}, "numbers": {}, "figures": [], "runs": []}
     report = {"claims": [entry], "questions": [], "preset": "tiny", "git_rev": "abc",
-              "versions": {"attnscale": "0"}, "elapsed_s": 1.0, "n_runs": 0,
-              "bench": {"rows": []}}
+              "versions": {"attnscale": "0"}, "elapsed_s": 1.0, "n_runs": 0}
     html = render.render_html(report, "")
     quoted = '&#34;x&#34;: '  # the page escapes the JSON's quotes
     assert quoted + "null" in html and quoted + "NaN" not in html
@@ -237,8 +239,7 @@ def test_the_page_shows_each_verdicts_headline_and_plain_sentences():
                  "plain": [sentence], "regime": "unit init", "smallest": "0.02 nats",
                  "evidence": {}, "numbers": {}, "figures": [], "runs": []}
         report = {"claims": [entry], "questions": [], "preset": "tiny", "git_rev": "abc",
-                  "versions": {"attnscale": "0"}, "elapsed_s": 1.0, "n_runs": 0,
-                  "bench": {"rows": []}}
+                  "versions": {"attnscale": "0"}, "elapsed_s": 1.0, "n_runs": 0}
         return render.render_html(report, "")
     one, other = page("gap +0.35 nats"), page("gap -0.01 nats")
     assert "gap +0.35 nats" in one and "gap +0.35 nats" not in other
@@ -281,10 +282,17 @@ def toy_gather(src):
     return {**src.measured["toy_total"], "runs": len(src.runs["toy_study"])}
 
 
+def toy_panels(entry):
+    """A table of the toy's own, from its entry: the sum it measured."""
+    return [Panel("Toy sums", ("a", "b", "a + b"), (("2", "2", str(entry["evidence"]["total"])),),
+                  note="Summed by the toy claim.")]
+
+
 TOY = Claim("C99", "A toy claim: 2 + 2 = 4.", "one addition", "supported if 2 + 2 = 4",
             ToyEvidence, toy_gather, toy_judge, draw=toy_draw,
             measurements=(Measurement("toy_total", lambda p: {}, lambda p: {"total": 2 + 2}),),
-            trains=(Training("toy_study", toy_study),), scale=lambda p: "one addition")
+            trains=(Training("toy_study", toy_study),), scale=lambda p: "one addition",
+            panels=toy_panels)
 
 
 def test_a_registered_toy_claim_appears_everywhere(tiny):
@@ -305,6 +313,9 @@ def test_a_registered_toy_claim_appears_everywhere(tiny):
         jsonschema.validate(json.loads((out / "report.json").read_text()), SCHEMA)
     page = (out / "index.html").read_text()
     assert "A toy claim: 2 + 2 = 4." in page and "The toy bar is 4 high." in page
+    assert toy["panels"] == [{"title": "Toy sums", "columns": ["a", "b", "a + b"],
+                              "rows": [["2", "2", "4"]], "note": "Summed by the toy claim."}]
+    assert '<table class="panel" id="C99-panel-1">' in page and "<td>4</td>" in page
     with Store(out / "results.db") as store:
         assert store.get_measurement(measurement_key(
             "toy_total", {"attnscale": versions().get("attnscale")})) == {"total": 4}
@@ -328,3 +339,56 @@ def test_a_claims_own_training_study_joins_the_plan_and_a_clash_is_refused():
         with registered(misnamed), pytest.raises(ValueError, match="built a study named"):
             training_plan(p)
     assert "toy_study" not in training_plan(p)
+
+
+def toy_page(claim: Claim) -> tuple[dict, str]:
+    """``claim`` registered, judged, its tables built and its page rendered by the report's
+    own code (render.judge, render.panels, render.render_html): its entry and the page."""
+    src = Sources(PRESETS["tiny"], {"toy_study": toy_study(PRESETS["tiny"])},
+                  {"toy_study": []}, {"toy_total": {"total": 4}})
+    with registered(claim):
+        entry, _ = render.judge(claim, src)
+        entry["panels"], entry["panel_errors"] = render.panels(claim, entry)
+    report = {"claims": [entry], "questions": [], "preset": "tiny", "git_rev": "abc",
+              "versions": {"attnscale": "0"}, "elapsed_s": 1.0, "n_runs": 0,
+              "errors": render.errors([entry])}
+    return entry, render.render_html(report, "")
+
+
+def panelled(panels) -> Claim:
+    return Claim("C99", "A toy claim: 2 + 2 = 4.", "one addition", "supported if 2 + 2 = 4",
+                 ToyEvidence, lambda src: {**src.measured["toy_total"], "runs": 0}, toy_judge,
+                 panels=panels)
+
+
+def test_the_page_shows_a_registered_claims_own_panel():
+    """A toy claim's table reaches its section of the page (title, header, cells, note), with
+    no report or render code naming it; a builder that raises is an error of the report."""
+    entry, page = toy_page(panelled(toy_panels))
+    assert entry["panels"][0]["rows"] == [["2", "2", "4"]] and entry["panel_errors"] == []
+    section = page[page.index('<div class="claim" id="C99">'):]
+    section = section[:section.index("</div>")]
+    assert '<table class="panel" id="C99-panel-1">' in section
+    assert "<caption>Toy sums</caption>" in section
+    assert "<th>a</th><th>b</th><th>a + b</th>" in section
+    assert "<tr><td>2</td><td>2</td><td>4</td></tr>" in section
+    assert "Summed by the toy claim." in section
+
+    def broken(entry):
+        raise KeyError("no such number")
+    entry, page = toy_page(panelled(broken))
+    assert entry["panels"] == [] and "no such number" in entry["panel_errors"][0]
+    assert "A table failed to build" in page and 'id="error-banner"' in page
+    assert render.errors([entry]) == [{"id": "C99", "where": "panel",
+                                       "error": entry["panel_errors"][0]}]
+
+
+def test_report_and_page_code_name_no_claim():
+    """report.py, render.py and the page template name no claim id and no claim's study: a
+    claim's table, sentences and figures come from its own module."""
+    root = Path(R.__file__).parent
+    for path in (root / "report.py", root / "render.py", root / "templates" / "report.html"):
+        named = re.findall(r"\b[CQ][0-9]+\b", path.read_text())
+        assert not named, (path.name, named)
+        text = path.read_text()
+        assert "bench" not in text, path.name

@@ -3,18 +3,24 @@ opposite data and stays inconclusive on data with no effect."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy import stats
 
+from attnscale.lab.interval import Comparison, Interval
 from attnscale.lab.paired import (
     EQUAL,
     GREATER,
     INCONCLUSIVE,
     LESS,
+    NOT_MEASURABLE,
     classify,
     compare_family,
     holm,
+    holm_interval,
+    no_spread,
     no_worse_pvalues,
     paired_differences,
     paired_effect,
@@ -37,7 +43,7 @@ def test_t_interval_and_p_value_match_scipy():
     eff = paired_effect(a, b, confidence=0.9)
     xa, xb = np.array([a[s] for s in range(5)]), np.array([b[s] for s in range(5)])
     ci = stats.ttest_rel(xa, xb).confidence_interval(0.9)
-    assert eff.low == pytest.approx(ci.low) and eff.high == pytest.approx(ci.high)
+    assert eff.lo == pytest.approx(ci.low) and eff.hi == pytest.approx(ci.high)
     assert eff.p == pytest.approx(stats.ttest_rel(xa, xb).pvalue)
     assert eff.mean == pytest.approx(float(np.mean(xa - xb))) and eff.n == 5
 
@@ -48,7 +54,7 @@ def test_bootstrap_interval_matches_scipy():
     d = paired_differences(a, b)
     ref = stats.bootstrap((d,), np.mean, n_resamples=9999, method="BCa",
                           random_state=np.random.default_rng(3)).confidence_interval
-    assert (eff.low, eff.high) == pytest.approx((ref.low, ref.high))
+    assert (eff.lo, eff.hi) == pytest.approx((ref.low, ref.high))
 
 
 def test_holm_matches_the_step_down_definition():
@@ -65,7 +71,7 @@ def test_pairing_removes_the_shared_variance():
     """The same difference is found with a tight interval although the arms' levels vary."""
     a, b = arms(0.2, 0.01, shared=5.0)
     eff = paired_effect(a, b)
-    assert eff.low > 0.15 and eff.high < 0.25
+    assert eff.lo > 0.15 and eff.hi < 0.25
     assert classify(eff, smallest=0.05) == GREATER
 
 
@@ -102,10 +108,10 @@ def test_too_few_seeds_and_bad_arguments():
         paired_effect(a, b, method="bootstrap")
 
 
-def test_constant_difference_has_a_zero_width_interval():
+def test_constant_difference_is_a_point_and_not_measurable():
     eff = paired_effect({s: s + 1.0 for s in range(4)}, {s: float(s) for s in range(4)})
-    assert (eff.low, eff.mean, eff.high) == (1.0, 1.0, 1.0)
-    assert classify(eff, 0.5) == GREATER
+    assert (eff.lo, eff.mean, eff.hi) == (1.0, 1.0, 1.0) and math.isnan(eff.p)
+    assert classify(eff, 0.5) == NOT_MEASURABLE
 
 
 @pytest.mark.parametrize("diff", [-0.3, -0.06, 0.0, 0.04, 0.07, 0.3])
@@ -169,7 +175,7 @@ def test_non_inferiority_matches_scipy_and_the_interval_bound():
         assert ps["not_less"] == pytest.approx(
             stats.ttest_1samp(d, -0.05, alternative="greater").pvalue, rel=1e-12)
         only = compare_family({"x": (a, b)}, 0.05)["x"]
-        assert only.not_greater == (paired_effect(a, b).high < 0.05)
+        assert only.not_greater == (paired_effect(a, b).hi < 0.05)
         assert compare_family({"x": (b, a)}, 0.05)["x"].not_less == only.not_greater
 
 
@@ -199,5 +205,87 @@ def test_seeds_to_decide_is_the_least_n_whose_interval_clears_delta():
     half = lambda n: stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)  # noqa: E731
     assert half(need) < margin <= half(need - 1) or need == len(d)
     assert seeds_to_decide(np.array([0.05, 0.04, 0.06]), 0.05, 0.025) is None  # on +δ
-    assert seeds_to_decide(np.full(3, 0.2), 0.05, 0.025) == 6  # sign test: 2⁻⁶ < 0.025
+    assert seeds_to_decide(np.full(3, 0.2), 0.05, 0.025) is None  # no spread: nothing to plan
     assert compare_family({"x": arms(0.3, 0.02)}, 0.05)["x"].seeds_to_decide is None  # decided
+
+
+def test_all_zero_differences_are_not_measurable_and_leave_the_holm_family():
+    """Two arms identical seed by seed (e.g. a clip that never acted): no spread, so no test and
+    no planning figure; the family's measurable comparison keeps the p_holm it has alone."""
+    same = {s: 3.0 + 0.1 * s for s in range(5)}
+    a, b = arms(0.045, 0.01, seed=6)
+    alone = compare_family({"x": (a, b)}, 0.05)["x"]
+    family = compare_family({"x": (a, b), "zero": (same, dict(same))}, 0.05)
+    zero = family["zero"]
+    assert zero.reading == NOT_MEASURABLE and not zero.measurable() and not zero.decided()
+    assert zero.seeds_to_decide is None and not zero.not_greater and not zero.not_less
+    assert math.isnan(zero.p) and math.isnan(zero.p_holm)
+    assert (zero.lo, zero.mean, zero.hi) == (0.0, 0.0, 0.0) == (zero.lo_holm, 0.0, zero.hi_holm)
+    assert zero.why == "every seed's difference is +0 (the arms are identical)"
+    assert 0 < alone.p_holm < 0.5  # a family of two measurable ones would double it
+    assert family["x"].p_holm == alone.p_holm and family["x"].reading == alone.reading
+    assert family["x"].model_dump() == alone.model_dump()
+    assert list(family) == ["x", "zero"]
+
+
+@pytest.mark.parametrize("delta", [0.01, 0.03125, 0.5])
+def test_identical_nonzero_differences_are_not_measurable(delta):
+    """Every seed moved by +0.03125 (past, on or inside ±δ): not measurable, never equal or
+    greater however many seeds agree; the p-value readers refuse such differences."""
+    b = {s: 1.0 + s for s in range(8)}
+    a = {s: v + 0.03125 for s, v in b.items()}
+    (c,) = compare_family({"x": (a, b)}, delta).values()
+    assert c.reading == NOT_MEASURABLE and c.seeds_to_decide is None
+    assert c.mean == pytest.approx(0.03125) and c.lo == c.hi == c.mean
+    assert c.why == "every seed's difference is +0.0312"
+    assert c.effect("nats") == "+0.0312 nats: not measurable — every seed's difference is +0.0312"
+    for reader in (reading_pvalues, no_worse_pvalues):
+        with pytest.raises(ValueError, match="not measurable"):
+            reader(a, b, delta)
+    with pytest.raises(ValueError, match="no spread"):
+        holm_interval(a, b, 0.01, 0.02)
+
+
+def test_a_family_of_only_unmeasurable_comparisons():
+    same = {s: float(s) for s in range(3)}
+    read = compare_family({"x": (same, same), "y": ({s: v + 1 for s, v in same.items()}, same)},
+                          0.05)
+    assert [c.reading for c in read.values()] == [NOT_MEASURABLE] * 2
+
+
+def test_a_tiny_spread_is_measurable():
+    """Differences 0.1, 0.1 + 1e-9, 0.1: a spread of ~6e-10, far above float rounding, so the
+    t-test reads them (a real, if absurdly precise, effect past δ)."""
+    b = {0: 1.0, 1: 2.0, 2: 3.0}
+    d = [0.1, 0.1 + 1e-9, 0.1]
+    a = {s: b[s] + d[s] for s in b}
+    x = paired_differences(a, b)
+    assert not no_spread(x)
+    c = compare_family({"x": (a, b)}, 0.05)["x"]
+    assert c.measurable() and c.reading == GREATER and c.decided()
+    assert c.p == pytest.approx(stats.ttest_1samp(x, 0.0).pvalue)
+    assert c.p_holm == pytest.approx(stats.ttest_1samp(x, 0.05, alternative="greater").pvalue)
+    assert c.lo < c.mean < c.hi
+
+
+def test_paired_effect_is_the_one_interval_type():
+    """paired_effect returns an Interval, compare_family a Comparison (an Interval), and both
+    dump to the field names report.json reads."""
+    a, b = arms(0.1, 0.05)
+    eff = paired_effect(a, b)
+    assert isinstance(eff, Interval) and eff.method == "t" and eff.confidence == 0.95
+    assert set(eff.model_dump()) == {"mean", "lo", "hi", "n", "confidence", "p", "method"}
+    assert set(Interval.of([1.0, 2.0]).model_dump()) == {"mean", "lo", "hi", "n", "confidence"}
+    c = compare_family({"x": (a, b)}, 0.05)["x"]
+    assert isinstance(c, Comparison) and isinstance(c, Interval)
+    assert set(c.model_dump()) == {
+        "mean", "lo", "hi", "n", "confidence", "p", "method", "reading", "p_holm", "smallest",
+        "lo_holm", "hi_holm", "confidence_holm", "not_greater", "not_less", "seeds_to_decide",
+        "why"}
+    assert Comparison.model_validate(c.model_dump()) == c
+
+
+def test_holm_matches_statsmodels_when_installed():
+    multitest = pytest.importorskip("statsmodels.stats.multitest")
+    p = [0.01, 0.04, 0.03, 0.2, 0.001]
+    assert holm(p) == pytest.approx(multitest.multipletests(p, method="holm")[1].tolist())

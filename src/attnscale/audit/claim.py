@@ -27,6 +27,34 @@ from attnscale.audit.studies import Preset, Study, studies
 from attnscale.audit.verdicts import MissingEvidence, Verdict
 
 Figure = dict[str, str]  # {"path": PNG file, "alt": one or two sentences with its finding}
+Entry = dict[str, Any]  # one claim's report.json entry: id, verdict, headline, numbers, evidence
+
+
+@dataclass(frozen=True)
+class Says:
+    """Sentences a claim adds to one of the page's short answers (the sections of
+    :data:`attnscale.audit.takeaways.SECTIONS`): ``build(entry)`` writes them from the claim's
+    own report.json entry (its verdict, numbers and evidence), so they change with the data;
+    ``rank`` orders the claims' sentences within a section (lower first, then claim order)."""
+
+    section: str
+    build: Callable[[Entry], list[str]]
+    rank: int = 50
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A table a claim shows under its entry on the page and stores in report.json (e.g. C5's
+    timing table): ``columns`` are the header, ``rows`` the cells as text."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    note: str = ""
+
+
+def _no_panels(entry: Entry) -> list[Panel]:
+    return []
 
 
 @dataclass(frozen=True)
@@ -86,7 +114,8 @@ class Claim:
     of its own) and ``measurements`` say what it measures (a study with a missing run makes the
     claim an error, never a verdict); ``scale(preset)``
     the one-line scale caveat (default: its studies' sizes); ``answers`` how a question's
-    verdicts read as an answer on the page."""
+    verdicts read as an answer on the page; ``says`` its sentences in the page's short answers
+    (:class:`Says`); ``panels(entry)`` any table of its own (:class:`Panel`)."""
 
     id: str
     text: str
@@ -101,6 +130,8 @@ class Claim:
     trains: tuple[Training, ...] = ()
     scale: Callable[[Preset], str] | None = None
     answers: Mapping[str, str] = field(default_factory=dict)
+    says: tuple[Says, ...] = ()
+    panels: Callable[[Entry], list[Panel]] = _no_panels
 
     def __post_init__(self) -> None:
         if not (self.id[:1] in "CQ" and self.id[1:].isdigit()):

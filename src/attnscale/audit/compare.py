@@ -4,8 +4,10 @@ Evidence holds, per cell and arm, an :class:`attnscale.audit.evidence.Arm`: a va
 reported seed, the LR each was read at, and whether that choice is censored. A comparison is arm
 a minus arm b over the seeds both have; :func:`family` reads a claim's comparisons with Holm's
 correction (:func:`attnscale.lab.paired.compare_family`) over the family the rule combines and
-returns :class:`attnscale.audit.interval.Comparison` results. A comparison with fewer than three
-paired seeds, or with a censored arm, reads ``inconclusive``.
+returns its :class:`attnscale.lab.interval.Comparison` results. A comparison with fewer than
+three paired seeds, or with a censored arm, reads ``inconclusive``; one whose per-seed differences
+are all the same number reads ``not measurable`` (:data:`attnscale.lab.paired.NOT_MEASURABLE`),
+censored or not: no test reads differences that are all equal.
 
 Which comparisons share a Holm family follows the rule's logic: comparisons a rule reads
 through "some" or "or" (one real effect anywhere decides) share one; a comparison a rule only
@@ -21,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from attnscale.audit.evidence import Arm
-from attnscale.audit.interval import Comparison
+from attnscale.lab.interval import Comparison
 from attnscale.lab.paired import INCONCLUSIVE, MIN_SEEDS, compare_family
 
 ArmLike = Arm | Mapping[str, Any] | None
@@ -91,13 +93,19 @@ def _read_family(pairs: Mapping[str, Pair],
     if ready:
         read = compare_family(ready, {k: delta(k) for k in ready})
         for k, c in read.items():
-            out[k] = Comparison.model_validate(c.to_dict())
-            if any(arm.censored for arm in arms[k]):
-                out[k] = out[k].model_copy(update=dict(
-                    reading=INCONCLUSIVE, not_greater=False, not_less=False,
-                    seeds_to_decide=None,  # more seeds cannot fix a censored LR
-                    why="best LR at the edge of the grid (censored)"))
+            out[k] = c if not any(arm.censored for arm in arms[k]) else censored(c)
     return {k: out[k] for k in pairs}
+
+
+def censored(c: Comparison) -> Comparison:
+    """A comparison with an arm whose best LR is at the edge of its grid: inconclusive with no
+    seeds to plan (more seeds cannot fix a censored LR); one not measurable stays so, saying
+    both."""
+    why = "best LR at the edge of the grid (censored)"
+    if not c.measurable():
+        return c.model_copy(update=dict(why=f"{c.why}; {why}"))
+    return c.model_copy(update=dict(reading=INCONCLUSIVE, not_greater=False, not_less=False,
+                                    seeds_to_decide=None, why=why))
 
 
 def no_worse(c: Comparison | Mapping[str, Any]) -> bool:

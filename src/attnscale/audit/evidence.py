@@ -122,6 +122,18 @@ class LRText(Model):
     n: int
     logit_limit: float
     loss_margin: float
+    entropy_init: ArmTable = {}  # layer-1 attention entropy / ln n at step 0
+    levels: dict[str, float] = {}  # bits/char of the corpus' unigram and bigram models
+
+    def cells_of(self, init: str) -> dict[str, dict[str, Arm]]:
+        """The loss table's cells in init regime ``init``, keyed by their width label
+        (``d_model=128``); cells of a study without an init axis count as GPT-2 init."""
+        out = {}
+        for label, row in self.loss.items():
+            parts = dict(x.split("=", 1) for x in label.split())
+            if parts.pop("init", "gpt2") == init:
+                out[" ".join(f"{k}={v}" for k, v in parts.items())] = row
+        return out
 
 
 class Tau(Model):
@@ -310,15 +322,26 @@ def lr_text_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
         sweep[cell_label(cell)] = {
             arm: lr_sweep_arm([r for r in mine if r.get("variant") == arm], reference)
             for arm in study.arms if any(r.get("variant") == arm for r in mine)}
+    task = build_task(TrainConfig(**study.base))
+    levels = {k: float(getattr(task, f"{k}_bits")) for k in ("unigram", "bigram")
+              if hasattr(task, f"{k}_bits")}
     return {"loss": arms_table(study, runs), "sweep": sweep, "lrs": list(study.lrs),
-            "n": study.base["seq_len"], "logit_limit": LOGIT_LIMIT, "loss_margin": LOSS_MARGIN}
+            "n": study.base["seq_len"], "logit_limit": LOGIT_LIMIT, "loss_margin": LOSS_MARGIN,
+            "entropy_init": arms_table(study, runs,
+                                       lambda r: layer_stat(r, "entropy_normalized", 0)),
+            "levels": levels}
 
 
 def tau_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
-    """C4, C6: accuracy and clipped loss per arm; the max-weight bound at each τ."""
-    n = study.base["seq_len"]
+    """C6: accuracy and clipped loss per arm (one table, "all") at the study's training length,
+    its smallest ``seq_len`` cell (C4 reads every length: ``c04_bounded_range.tau_by_length``);
+    the max-weight bound at each τ."""
+    lengths = study.cells.get("seq_len")
+    n = min(lengths) if lengths else study.base["seq_len"]
+    label = cell_label((("seq_len", n),)) if lengths else "all"
     taus = {a: VARIANTS[a]["tau"] for a in study.arms if "tau" in VARIANTS[a]}
-    return {"accuracy": arms_table(study, runs, metric), "loss": arms_table(study, runs),
+    return {"accuracy": {"all": arms_table(study, runs, metric).get(label, {})},
+            "loss": {"all": arms_table(study, runs).get(label, {})},
             "bound": {arm: float(theory.max_weight_bound(n, t)) for arm, t in taus.items()},
             "n": n, "chance": chance(study)}
 

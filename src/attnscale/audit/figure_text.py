@@ -16,7 +16,7 @@ from typing import Any
 from attnscale.lab.analysis import mean_ci
 
 Evidence = Mapping[str, Any]
-READINGS = ("greater", "less", "equal", "inconclusive")
+READINGS = ("greater", "less", "equal", "inconclusive", "not measurable")
 
 
 def finite(x: Any) -> bool:

@@ -40,9 +40,10 @@ from attnscale.util.jsonio import dumps, jsonable
 Evidence = dict[str, Any]
 
 READING_COLORS = {"greater": "#c0392b", "less": "#2874a6", "equal": "#1e8449",
-                  "inconclusive": "#7f8c8d"}
+                  "inconclusive": "#7f8c8d", "not measurable": "#b7950b"}
 READING_WORDS = {"greater": "reads greater than +δ", "less": "reads less than −δ",
-                 "equal": "reads equal (within ±δ)", "inconclusive": "inconclusive"}
+                 "equal": "reads equal (within ±δ)", "inconclusive": "inconclusive",
+                 "not measurable": "not measurable (identical differences)"}
 INIT_TITLES = {"unit": "unit-variance q, k at init (Vaswani)", "gpt2": "GPT-2 init (std 0.02)"}
 ARM_LABELS = {"cosine_tau1": "cosine\n" r"$\tau=1$", "cosine_tau2": "cosine\n" r"$\tau=2$",
               "cosine_tau4": "cosine\n" r"$\tau=4$", "cosine_tau10": "cosine\n" r"$\tau=10$",

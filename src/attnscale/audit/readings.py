@@ -16,6 +16,7 @@ from attnscale.audit.interval import Comparison
 from attnscale.audit.verdicts import LOSS_DELTA
 
 UNIT = "unit"  # Vaswani's regime: q and k components of unit variance at init
+GPT2 = "gpt2"  # GPT-2's init: weights of std 0.02 behind LayerNorm, q·k ≪ 1 at init
 REGIMES = {"unit": "q, k components of unit variance at init (Vaswani's assumption)",
            "gpt2": "GPT-2 init (weights std 0.02 behind LayerNorm: q·k ≪ 1 at init)"}
 

@@ -1,13 +1,15 @@
 """Judging and rendering: each claim's rule applied to its evidence, and the one-page HTML.
 
 The page is self-contained (figures as ``data:`` URIs, no network requests) and built with
-jinja2 autoescaping, so no measured string can inject markup.
+jinja2 autoescaping, so no measured string can inject markup. It names no claim: every claim's
+section shows its own sentences, figures and tables (:func:`panels`, from ``Claim.panels``).
 """
 
 from __future__ import annotations
 
 import base64
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,8 @@ def errors(entries: list[dict[str, Any]]) -> list[dict[str, str]]:
            if e.get("error")]
     out += [{"id": e["id"], "where": "figure", "error": f} for e in entries
             for f in e.get("figure_errors", [])]
+    out += [{"id": e["id"], "where": "panel", "error": f} for e in entries
+            for f in e.get("panel_errors", [])]
     return out
 
 
@@ -94,20 +98,20 @@ def _prepare(entry: dict[str, Any]) -> dict[str, Any]:
     figs = [{"name": Path(f["path"]).name, "uri": data_uri(f["path"]), "alt": f["alt"]}
             for f in entry["figures"]]
     # strict JSON, as in report.json (written from the same entries before the page), in full
-    return {**entry, "figure_data": figs, "evidence_json": dumps(entry["evidence"], indent=1)}
+    return {**entry, "figure_data": figs, "evidence_json": dumps(entry["evidence"], indent=1),
+            "panels": entry.get("panels", []), "panel_errors": entry.get("panel_errors", [])}
 
 
-def timing_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
-    """The C5 timing table: cosine / scaled_dot and the noise floor at each N."""
-    out = []
-    for row in study.get("rows", []):
-        for key, name in (("cosine", "cosine / scaled_dot"), ("floor", "scaled_dot / itself")):
-            r = row[key]
-            out.append({"n": row["n"], "name": name, "ratio": r["ratio"],
-                        "lo": r["lo"] if r["lo"] is not None else float("nan"),
-                        "hi": r["hi"] if r["hi"] is not None else float("nan"),
-                        "repeats": r["n"]})
-    return out
+def panels(claim: Claim, entry: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """A judged entry's tables (``claim.panels(entry)``) as plain dicts {"title", "columns",
+    "rows", "note"}, and the failure of a builder that raised (an error of the report, like a
+    figure that cannot be drawn, never a table left out in silence)."""
+    try:
+        built = [asdict(p) for p in claim.panels(entry)]
+    except Exception as e:  # a table that cannot be built is reported, not dropped
+        return [], [failure(e)]
+    return [{**p, "columns": [str(h) for h in p["columns"]],
+             "rows": [[str(c) for c in r] for r in p["rows"]]} for p in built], []
 
 
 def render_html(report: dict[str, Any], explorer_html: str) -> str:
@@ -122,6 +126,6 @@ def render_html(report: dict[str, Any], explorer_html: str) -> str:
         n_runs=report["n_runs"], runs_trained=report.get("runs_trained", report["n_runs"]),
         smoke=report.get("smoke", False), takeaways=report.get("takeaways", []),
         errors=report.get("errors", []),
-        bench_rows=timing_rows(report["bench"]), claims_doc=CLAIMS_DOC,
+        claims_doc=CLAIMS_DOC,
         explorer=Markup(explorer_html),  # built by attnscale.audit.explorer with its own escaping
     )

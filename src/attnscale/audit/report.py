@@ -10,8 +10,8 @@ The pipeline:
 2. **Gather evidence** per registered claim (:mod:`attnscale.audit.claim`; one module per
    claim in :mod:`attnscale.audit.claims`) from the stored runs and measurements, into its
    typed evidence model.
-3. **Judge** each claim (docs/claims.md) with its rule, draw its figures and render the page
-   (:mod:`attnscale.audit.render`).
+3. **Judge** each claim (docs/claims.md) with its rule, draw its figures, build its tables
+   (``Claim.panels``) and render the page (:mod:`attnscale.audit.render`).
 4. **Write** ``OUT/index.html`` (self-contained: figures embedded, no network requests),
    ``OUT/report.json`` (schema: docs/report.schema.json) and ``OUT/figures/*.png``.
 """
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.audit import explorer, figures, scale
-from attnscale.audit.claim import Sources, training_plan
+from attnscale.audit.claim import Claim, Sources, training_plan
 from attnscale.audit.measurements import cached, measure_all
-from attnscale.audit.render import errors, judge_all, render_html
+from attnscale.audit.render import errors, judge_all, panels, render_html
 from attnscale.audit.running import StudyRunner, study_runs
 from attnscale.audit.studies import PRESETS, Preset, Study, with_seed_offset
 from attnscale.audit.takeaways import answer, takeaways
@@ -37,11 +37,14 @@ from attnscale.util.jsonio import dumps, jsonable
 from attnscale.util.provenance import git_revision, versions
 from attnscale.util.validate import check_choice, check_int, check_output_folder
 
-# 2: four verdicts, headline and plain sentences, C5 timing study
+# 2: four verdicts, headline and plain sentences, the timing study
 # 3: takeaways, per-entry scale and (questions) answer, smoke, runs_trained, figures with alt text
 # 4: "error" entries (verdict "error", with "error"), per-entry figure_errors, top-level errors
-# 5: one module per claim: C1's evidence is its cases, C2 its own measurement, Q2 the inspection
-SCHEMA_VERSION = 5
+# 5: one module per claim: the formula claim's evidence is its cases, the cosine-range claim its
+#    own measurement, the MiniLM question the inspection
+# 6: per-entry panels (a claim's own tables) and panel_errors; the timing study is no longer a
+#    top-level key (its table is its claim's panel, its numbers that claim's evidence)
+SCHEMA_VERSION = 6
 
 
 def run_studies(plan: dict[str, Study], db: Path, executor: str, workers: int,
@@ -63,6 +66,19 @@ def explorer_fragment(store: Store) -> str:
     return explorer.render_explorer(data)
 
 
+def complete(claim: Claim, e: dict[str, Any], ev: Any, folder: Path) -> None:
+    """Add to a judged entry ``e`` its figures (drawn into ``folder``) and its tables (the
+    claim's ``panels``), each with the failures of those that could not be made (none for an
+    entry whose rule failed), and a question's answer."""
+    if ev is not None and e["verdict"] != ERROR:
+        e["figures"], e["figure_errors"] = figures.draw(claim, ev, e["numbers"], folder)
+        e["panels"], e["panel_errors"] = panels(claim, e)
+    else:
+        e["figures"], e["figure_errors"], e["panels"], e["panel_errors"] = [], [], [], []
+    if claim.question:
+        e["answer"] = answer(e, claim.answers)
+
+
 def build_report(
     preset: str | Preset = "standard",
     out: str | Path = "report",
@@ -75,10 +91,10 @@ def build_report(
     seed_offset: int = 0,
 ) -> dict[str, Any]:
     """Measure, judge and write the report into folder ``out``; returns the report.json
-    content. A rule that raised, evidence that is missing and a figure that failed to draw are
-    listed in its ``"errors"`` (and shown on the page), never turned into a verdict; the CLI
-    exits 1 when there are any. ``db`` is the results database (default ``out/results.db``);
-    ``seed_offset`` K trains every study on disjoint seeds
+    content. A rule that raised, evidence that is missing, a figure that failed to draw and a
+    table that failed to build are listed in its ``"errors"`` (and shown on the page), never
+    turned into a verdict; the CLI exits 1 when there are any. ``db`` is the results database
+    (default ``out/results.db``); ``seed_offset`` K trains every study on disjoint seeds
     (:func:`attnscale.audit.studies.with_seed_offset`)."""
     p = preset if isinstance(preset, Preset) else PRESETS[check_choice("preset", preset, PRESETS)]
     p = with_seed_offset(p, check_int("seed_offset", seed_offset, minimum=0))
@@ -98,13 +114,7 @@ def build_report(
         n_runs = sum(store.counts().values())
     judged = judge_all(Sources(p, plan, runs, measured))
     for claim, e, ev in judged:
-        if ev is not None and e["verdict"] != ERROR:
-            e["figures"], e["figure_errors"] = figures.draw(claim, ev, e["numbers"],
-                                                            out / "figures")
-        else:
-            e["figures"], e["figure_errors"] = [], []
-        if claim.question:
-            e["answer"] = answer(e, claim.answers)
+        complete(claim, e, ev, out / "figures")
     claims = [e for c, e, _ in judged if not c.question]
     questions = [e for c, e, _ in judged if c.question]
     report = jsonable({
@@ -115,7 +125,7 @@ def build_report(
         "study_seeds": {name: list(study.seeds) for name, study in plan.items()},
         "claims": claims,
         "questions": questions, "versions": versions(), "git_rev": git_revision(),
-        "n_runs": n_runs, "runs_trained": n_runs - n_before, "bench": measured.get("bench", {}),
+        "n_runs": n_runs, "runs_trained": n_runs - n_before,
         "errors": errors(claims + questions), "elapsed_s": time.perf_counter() - started,
     })
     (out / "report.json").write_text(dumps(report, indent=1))

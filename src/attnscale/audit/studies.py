@@ -29,7 +29,12 @@ LR_CHOICES = ("grid", "tuned")
 VARIANTS: dict[str, dict[str, Any]] = {
     "scaled_dot": {"score": "scaled_dot"},
     "dot": {"score": "dot"},
-    "dot_qkclip": {"score": "dot", "qk_clip": 100.0},  # Q4: Kimi K2's QK-Clip at its τ
+    # Q4: QK-Clip at thresholds that bind at this scale, on top of scaled dot (as K2 uses it)
+    # and on plain dot
+    "scaled_qkclip10": {"score": "scaled_dot", "qk_clip": 10.0},
+    "scaled_qkclip30": {"score": "scaled_dot", "qk_clip": 30.0},
+    "dot_qkclip10": {"score": "dot", "qk_clip": 10.0},
+    "dot_qkclip30": {"score": "dot", "qk_clip": 30.0},
     "dot_absorbed": {"score": "dot", "absorb_scale": True},  # no study trains it (C7: identity)
     "mup": {"score": "mup"},
     "cosine_tau1": {"score": "cosine", "tau": 1.0},
@@ -41,6 +46,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "qk_rmsnorm": {"score": "qk_rmsnorm"},
     "softcap": {"score": "softcap", "cap": 5.0},
     "log_length": {"score": "log_length"},
+    "log_length_matched": {"score": "log_length", "s": 0.2885390081777927},  # s₀ = 1/ln 32
     "uniform": {"score": "scaled_dot", "scale": 0.0},  # every logit 0: the no-attention control
     "cue_none": {"score": "scaled_dot", "cue": "none"},  # salience with no marked item
 }
@@ -129,8 +135,11 @@ def with_seed_offset(p: Preset, offset: int) -> Preset:
                    task_seeds=tuple(s + shift for s in p.task_seeds))
 
 
-TEXT_ARMS = ("scaled_dot", "dot", "qk_layernorm", "cosine_tau1", "softcap", "cosine_learned",
-             "dot_qkclip")
+TEXT_ARMS = ("scaled_dot", "dot", "qk_layernorm", "cosine_tau1", "softcap", "cosine_learned")
+# The init regimes of the text LR study: unit-variance q, k at init (where Vaswani et al.'s
+# argument for 1/√d_k applies, and where claims about a score are decided) and GPT-2's std-0.02
+# init (context: there q·k starts at std 0.005-0.1, so arms that enlarge logits win early).
+TEXT_INITS = ("unit", "gpt2")
 PRESETS: dict[str, Preset] = {
     # For the tests: every study runs, nothing is learned. Not offered on the command line.
     "tiny": Preset("tiny", seeds=(0, 1, 2), tune_seeds=(50,), steps=3, head_dims=(8, 16),
@@ -154,7 +163,9 @@ PRESETS: dict[str, Preset] = {
     # offsets (docs/claims.md, "The LR choice"); Q3 (length) sits near δ and keeps 10.
     "standard": Preset("standard", seeds=tuple(range(6)), tune_seeds=(50, 51), steps=150,
                        head_dims=(16, 64, 128, 256), widths=(32, 128),
-                       lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
+                       # the LR study runs 6 arms x 2 inits: 5 LRs around every arm's best
+                       # (1e-3 to 3e-3 at width 128) and up to where logits grow
+                       lrs=(1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
                        tuned_lrs=(1e-3, 3e-3, 1e-2, 3e-2), text_arms=TEXT_ARMS,
                        bench={"n_values": (256, 512, 1024, 2048, 4096), "min_repeats": 30,
                               "target": 0.01, "budget_s": 30.0, "threads": 1},
@@ -188,14 +199,18 @@ def cut_down(p: Preset) -> Preset:
 TEXT = {"task": "text", "seq_len": 32, "batch_size": 16, "n_layers": 2, "mlp": False}
 # Retrieval of one pair token among fillers (the length task's fused layout: one attention
 # layer solves it by matching the query key and copying).
-RETRIEVAL = {"task": "length", "layout": "fused", "num_pairs": 4, "num_keys": 16,
+# The retrieval and salience tasks start from unit-variance q, k (init "unit"), the regime the
+# thread's argument is about: with GPT-2's init every q·k logit starts near 0.
+RETRIEVAL = {"task": "length", "layout": "fused", "init": "unit", "num_pairs": 4,
+             "num_keys": 16,
              "num_values": 16, "num_fillers": 64, "pos": "rope", "d_model": 64, "n_heads": 2,
              "n_layers": 1, "mlp": False, "batch_size": 32}
-TAU = {**RETRIEVAL, "seq_len": 32, "eval_multipliers": [1]}
+TAU = {**RETRIEVAL, "eval_multipliers": [1]}  # seq_len: a cell of the tau study (C4)
 LENGTH = {**RETRIEVAL, "seq_len": 32, "eval_multipliers": [1, 2, 4]}
 # The salience cue on ‖k‖ only (scaled after W_k, past LayerNorm); the salient and distractor
 # scale ranges overlap (1.3 ± 0.2 against 1), so even the best rule scores ~0.82, not 1.
-SALIENCE = {"task": "salience", "layout": "items", "cue_at": "key", "num_items": 16,
+SALIENCE = {"task": "salience", "layout": "items", "init": "unit", "cue_at": "key",
+            "num_items": 16,
             "salient_scale": 1.3, "jitter": 0.2, "n_heads": 2, "n_layers": 1, "mlp": False,
             "d_model": 64, "batch_size": 32}
 TAU_ARMS = ("scaled_dot", "dot", "cosine_tau1", "cosine_tau2", "cosine_tau4", "cosine_tau10",
@@ -221,16 +236,18 @@ def studies(p: Preset) -> dict[str, Study]:
         "head_dim": Study("head_dim", {**TEXT, **schedule(p.steps), "n_heads": 1},
                           ("scaled_dot", "dot"),
                           cells={"init": ("gpt2", "unit"), "d_model": p.head_dims}, **one_tune),
-        # C6, C11, C12, Q1, Q4: Wortsman et al. 2023's LR sweep at two widths
+        # C6, C11, C12, Q1: Wortsman et al. 2023's LR sweep at two widths, in both inits
         "lr_text": Study("lr_text", {**TEXT, **schedule(p.steps), "n_heads": 2},
-                         p.text_arms, p.lrs, p.seeds, cells={"d_model": p.widths}),
+                         p.text_arms, p.lrs, p.seeds,
+                         cells={"init": TEXT_INITS, "d_model": p.widths}),
         # C4, C6: the temperature of cosine attention on a task that needs sharp attention
-        "tau": Study("tau", {**TAU, **schedule(steps["tau"])}, TAU_ARMS, **task("tau")),
+        "tau": Study("tau", {**TAU, **schedule(steps["tau"])}, TAU_ARMS,
+                     cells={"seq_len": (32, 64)}, **task("tau")),
         # C3: the relevant key is marked only by its norm
         "salience": Study("salience", {**SALIENCE, **schedule(steps["salience"])},
                           ("scaled_dot", "cosine_tau1", "cosine_tau10", "cosine_learned",
                            "uniform", "cue_none"), **task("salience")),
         # Q3: trained at n, evaluated at 2n and 4n
         "length": Study("length", {**LENGTH, **schedule(steps["length"])},
-                        ("scaled_dot", "log_length"), **task("length")),
+                        ("scaled_dot", "log_length", "log_length_matched"), **task("length")),
     }

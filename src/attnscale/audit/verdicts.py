@@ -76,7 +76,8 @@ class Verdict:
 
 
 def undecided_comparisons(numbers: Any, name: str = "") -> list[tuple[str, dict[str, Any]]]:
-    """Every inconclusive comparison in a verdict's numbers, however nested, with its path."""
+    """Every inconclusive comparison in a verdict's numbers, however nested, with its path (one
+    ``not measurable`` has no seeds to plan, so it is not among them)."""
     if isinstance(numbers, dict):
         if numbers.get("reading") == INCONCLUSIVE and "seeds_to_decide" in numbers:
             return [(name, numbers)]
@@ -101,7 +102,9 @@ def seeds_sentence(numbers: Any) -> str | None:
 def aggregate(readings: list[str], favour: set[str], against: set[str]) -> str:
     """A claim's verdict from its comparisons' readings: SUPPORTED if every reading favours the
     claim, REFUTED if every reading is against it, DEPENDS if some favour and some are against,
-    INCONCLUSIVE otherwise (no readings, or undecided ones and only one side decided)."""
+    INCONCLUSIVE otherwise (no readings, or undecided ones and only one side decided). A reading
+    in neither set, such as ``inconclusive`` or ``not measurable``
+    (:data:`attnscale.lab.paired.NOT_MEASURABLE`), counts as undecided."""
     pro = [r in favour for r in readings]
     con = [r in against for r in readings]
     if readings and all(pro):

@@ -84,6 +84,7 @@ from attnscale.lab.build import (
     qk_projections,
 )
 from attnscale.lab.config import TrainConfig
+from attnscale.lab.evaluation import evaluate, evaluate_log_n, main_eval_set
 from attnscale.lab.models import GPTConfig
 from attnscale.lab.runlog import (
     LAYER_STATS,
@@ -96,7 +97,7 @@ from attnscale.lab.runlog import (
     tensorboard_available,
     write_row,
 )
-from attnscale.lab.tasks import IGNORE_INDEX, Batch, Task
+from attnscale.lab.tasks import IGNORE_INDEX, Batch
 from attnscale.util import provenance
 from attnscale.util.jsonio import jsonable
 
@@ -135,8 +136,10 @@ class RunResult:
     ``final_loss`` / ``final_metric``: eval-set cross-entropy (nats per labelled position) and the
     task's metric (``metric_name``) of the final weights, on the task's first eval set (for
     ``length``, the training length); ``final_metrics`` has both for every eval set (``length``:
-    one per eval length). A diverged run is evaluated as it stands (None if its weights are not
-    finite). ``steps`` counts applied optimizer updates; ``initial_loss`` is the step-0 loss.
+    one per eval length, and for a model of scaled scores each length past n again with the
+    log-n factor, ``log_n:n=<L>``: :func:`attnscale.lab.evaluation.evaluate_log_n`). A diverged
+    run is evaluated as it stands (None if its weights are not finite). ``steps`` counts
+    applied optimizer updates; ``initial_loss`` is the step-0 loss.
     ``tensorboard``: the folder the run wrote TensorBoard event files to, if any.
     ``alarm``: what the attention alarm saw (:meth:`Trainer.alarm_record`): its first step
     (None: it never fired), the first step of each (layer, rule) and how often each rule held.
@@ -190,57 +193,6 @@ def num_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
-
-
-# --------------------------------------------------------------------------------------------
-# Evaluation
-# --------------------------------------------------------------------------------------------
-
-
-def evaluate(model: nn.Module, task: Task) -> dict[str, dict[str, float | None]]:
-    """{eval set: {"loss": cross-entropy, "metric": task metric}} on the task's eval sets.
-
-    For a task that says where its answers sit (``answer_positions``, e.g. ``length``) each set
-    also holds "answer_weight": the attention weight the labelled position puts on the answer,
-    mean over the set's sequences, max over heads and layers
-    (:func:`attnscale.lab.probe.forward_with_answer_weights`, from the same forward pass).
-    """
-    # Imported here so that this function is the only part of the module the probe touches.
-    from attnscale.lab.probe import forward_with_answer_weights, has_answer_positions, summarize
-
-    probe = has_answer_positions(task)
-    empty: dict[str, float | None] = {"loss": None, "metric": None}
-    if probe:
-        empty["answer_weight"] = None
-    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-        return {name: dict(empty) for name in task.eval_batches()}
-    was_training = model.training
-    model.eval()
-    out: dict[str, dict[str, float | None]] = {}
-    with torch.no_grad():
-        for name, batches in task.eval_batches().items():
-            nats, total, count, weights = 0.0, 0.0, 0, []
-            for b in batches:
-                if probe:
-                    logits, w = forward_with_answer_weights(model, b, task.answer_positions(b))
-                    weights.append(w)  # (layers, B, heads)
-                else:
-                    logits = model(b.tokens, b.scale)  # (B, T, V)
-                flat = logits.reshape(-1, logits.shape[-1])
-                nats += float(F.cross_entropy(flat, b.targets.reshape(-1), reduction="sum"))
-                s, n = task.metric_sum(logits, b)
-                total, count = total + s, count + n
-            out[name] = {"loss": nats / count, "metric": total / count}
-            if probe:
-                out[name]["answer_weight"] = summarize(torch.cat(weights, dim=1))["max"]
-    model.train(was_training)
-    return out
-
-
-def main_eval_set(task: Task, results: Mapping[str, Any]) -> str:
-    """The eval set that ``final_metric`` reports: the training length's, else the first."""
-    own = f"n={task.seq_len}"
-    return own if own in results else next(iter(results))
 
 
 # --------------------------------------------------------------------------------------------
@@ -378,6 +330,7 @@ class Trainer:
         """Evaluate the final weights and assemble the record."""
         results = evaluate(self.model, self.task)
         main = results[main_eval_set(self.task, results)]
+        results.update(evaluate_log_n(self.model, self.task))  # past n, with the log-n factor
         model_config = getattr(self.model, "config", None)
         return RunResult(
             status="diverged" if self.diverged_step is not None else "done",

@@ -4,14 +4,38 @@
 the order alternates every repeat, so a linear drift of the machine's speed cancels within each
 pair of repeats). Each repeat times one block of ``number`` calls of each function, ``number``
 chosen so that a block lasts about ``block_s`` (15 ms by default; one call when a single call is
-longer). With per-repeat ratios r_i = t_A,i / t_B,i the estimate is their geometric mean
+longer). A repeat is one *pair* of blocks timed back to back, with log ratio
+d_i = ln(t_A,i / t_B,i); the estimate is their geometric mean ratio = exp(m), m = mean(d_i).
 
-    ratio = exp(m),  m = mean(ln r_i),  95% interval exp(m ± t_{0.975, n−1} · s / √n)
+Its interval (:func:`log_ratio_interval`) is a moving-block bootstrap over consecutive pairs
+(Künsch 1989, Ann. Statist. 17(3); Lahiri 2003, *Resampling Methods for Dependent Data* §3):
+with block length L, b = ⌊n/L⌋ and the n − L + 1 overlapping block means
+B_j = mean(d_j, …, d_{j+L−1}),
 
-(Student-t on the log ratios, s their sample standard deviation). Repeats continue until the
-interval's relative half-width max(hi/ratio − 1, 1 − lo/ratio) = e^{t·s/√n} − 1 is at most
-``target`` with at least ``min_repeats`` repeats, or until ``budget_s`` seconds have passed (then
-``converged`` is False). Checking the interval after every repeat is a form of optional stopping;
+    SE² = s_B² / b,  95% interval exp(m ± t_{0.975, b−1} · SE)
+
+(s_B² the sample variance of the B_j). SE² is the bootstrap variance of the mean of b blocks
+drawn with replacement, computed exactly (the limit of infinitely many resamples: no resampling
+noise, no seed; a test checks it against numpy resampling), and Student's t on b − 1 degrees of
+freedom allows for few blocks. Load that persists over several repeats makes neighbouring d_i
+alike; a block holds such a stretch whole, so it widens the interval instead of passing for
+precision. L = 1 is the per-repeat Student-t interval exp(m ± t_{0.975, n−1} · s/√n), which
+assumes independent repeats: :func:`measure_ratio` uses it unless given ``block``;
+:func:`overhead_study` (C5) passes ``block=None``, the automatic length of :func:`block_length`,
+L = max(1, min(2⌈√n/2⌉, 2⌊n/10⌋)): about √n, even, so that every block holds as many A-first as
+B-first repeats (in a 45 s noise-floor run at N = 2048 on this project's loaded 2-core machine
+the first block of a repeat ran about 1.5% faster than the second, which the alternation
+cancels), and at most n/5, so that b ≥ 5. Drift that slows both arms alike cancels in d_i
+already; what the blocks add is load that favours one arm for a while (one closure's buffers
+evicted more than the other's). Under such load (a fake timer, AR(1) with ρ = 0.7 per arm;
+tests/measure/test_overhead_interval.py) the per-repeat interval on identical work held 1 in 26
+of 50 simulated runs of 200 repeats, the block interval (L = 16) in 48; with load shared by both
+arms, 46 and 48.
+
+Repeats continue until the interval's relative half-width
+max(hi/ratio − 1, 1 − lo/ratio) = e^{t·SE} − 1 is at most ``target`` with at least
+``min_repeats`` repeats, or until ``budget_s`` seconds have passed (then ``converged`` is
+False). Checking the interval after every repeat is a form of optional stopping;
 ``min_repeats`` ≥ 30 keeps the resulting under-coverage small.
 
 :func:`overhead_study` applies it to the thread's claim that cosine similarity adds computational
@@ -42,11 +66,12 @@ Evidence dict returned by :func:`overhead_study` (JSON-ready; read by
      "fit": {"a", "b", "a_se", "b_se", "cov_ab", "chi2", "dof", "weighted", "points"} or None
             (fewer than 2 N),
      "settings": {"head_dim", "dtype", "causal", "pass", "tau", "work", "target",
-                  "min_repeats", "budget_s", "block_s", "level"},
+                  "min_repeats", "budget_s", "block_s", "level", "interval"},
      "threads": int, "versions": {...}, "seconds": float}
 
 with ``RatioEstimate.to_dict()`` = {"ratio", "lo", "hi", "n", "converged", "seconds", "ms",
-"baseline_ms", "number", "half_width", "se_log", "target"} (lo/hi None below 2 repeats).
+"baseline_ms", "number", "half_width", "se_log", "target", "block"} (lo/hi None below 2
+repeats; "block" the block length L of the interval, 1 for the per-repeat interval).
 """
 
 from __future__ import annotations
@@ -56,6 +81,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -72,6 +98,8 @@ BlockTimer = Callable[[Callable[[], object], int], float]
 STANDARD: dict[str, Any] = {"n_values": (256, 1024, 4096), "target": 0.02, "min_repeats": 30,
                             "budget_s": 40.0}
 QUICK: dict[str, Any] = {"n_values": (256,), "target": 0.1, "min_repeats": 5, "budget_s": 5.0}
+# how overhead_study's intervals are made (in its settings): moving blocks, automatic length
+INTERVAL = "moving-block bootstrap"
 
 
 def time_block(fn: Callable[[], object], number: int) -> float:
@@ -84,7 +112,8 @@ def time_block(fn: Callable[[], object], number: int) -> float:
 
 @dataclass
 class RatioEstimate:
-    """Geometric-mean ratio time(fn) / time(baseline) with its Student-t interval.
+    """Geometric-mean ratio time(fn) / time(baseline) with its interval
+    (:func:`log_ratio_interval`: moving blocks of ``block`` repeats, 1 = per-repeat t).
 
     ``ms`` and ``baseline_ms`` are the medians of the per-call times over repeats;
     ``half_width`` = e^{t·SE} − 1 (the larger relative side of the interval); ``log_ratios``
@@ -102,19 +131,48 @@ class RatioEstimate:
     half_width: float | None
     se_log: float | None
     target: float
+    block: int = 1
     log_ratios: list[float] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "log_ratios"}
 
 
-def log_ratio_interval(
-    times: Iterable[float], baseline_times: Iterable[float], level: float = 0.95
-) -> dict[str, float]:
-    """Geometric-mean ratio of paired times and its Student-t interval on the log ratios.
+def block_length(n: int) -> int:
+    """The automatic block length for ``n`` repeats: L = max(1, min(2⌈√n/2⌉, 2⌊n/10⌋)), about
+    √n, even (as many A-first as B-first repeats in a block) and at most n/5 (≥ 5 blocks); 1
+    (independent repeats) below 10 repeats."""
+    return max(1, min(2 * math.ceil(math.sqrt(n) / 2), 2 * (n // 10)))
 
-    Returns {"ratio", "lo", "hi", "se_log", "half_width"}: ratio = exp(mean ln(a_i/b_i)),
-    [lo, hi] = exp(mean ± t_{(1+level)/2, n−1} · SE), half_width = e^{t·SE} − 1."""
+
+@lru_cache(maxsize=4096)
+def _t_quantile(q: float, dof: int) -> float:
+    return float(scipy.stats.t.ppf(q, dof))
+
+
+def block_se(logs: np.ndarray, block: int) -> tuple[float, int]:
+    """(SE, b): the moving-block bootstrap standard error of mean(``logs``) with blocks of
+    ``block`` consecutive values, SE² = s_B²/b (s_B² the sample variance of the n − L + 1
+    overlapping block means, b = ⌊n/L⌋ blocks; Künsch 1989), and b. L = 1 gives s/√n."""
+    n = logs.size
+    sums = np.concatenate(([0.0], np.cumsum(logs)))
+    means = (sums[block:] - sums[:-block]) / block
+    b = n // block
+    var = float(means.var(ddof=1)) if means.size > 1 else 0.0
+    return math.sqrt(max(var, 0.0) / b), b
+
+
+def log_ratio_interval(
+    times: Iterable[float], baseline_times: Iterable[float], level: float = 0.95,
+    block: int | None = 1,
+) -> dict[str, float]:
+    """Geometric-mean ratio of paired times and its moving-block bootstrap interval over
+    consecutive pairs (see the module docstring): ratio = exp(m), m = mean ln(a_i/b_i),
+    [lo, hi] = exp(m ± t_{(1+level)/2, b−1} · SE) with SE from :func:`block_se`.
+
+    ``block`` is L (1: the per-repeat Student-t interval; None: :func:`block_length`; at most
+    n/2, so that there are two blocks). Returns {"ratio", "lo", "hi", "se_log", "half_width",
+    "block"} with half_width = e^{t·SE} − 1."""
     level = check_float("level", level, low=0.0, high=1.0)
     a, b = np.asarray(list(times), dtype=float), np.asarray(list(baseline_times), dtype=float)
     if a.shape != b.shape or a.size < 2:
@@ -123,10 +181,13 @@ def log_ratio_interval(
     if (a <= 0).any() or (b <= 0).any():
         raise ValueError("times: every time must be > 0")
     logs = np.log(a / b)
-    m, se = float(logs.mean()), float(logs.std(ddof=1) / math.sqrt(logs.size))
-    t = float(scipy.stats.t.ppf((1 + level) / 2, logs.size - 1))
+    size = block_length(logs.size) if block is None else check_int("block", block)
+    size = min(size, logs.size // 2)
+    m = float(logs.mean())
+    se, blocks = block_se(logs, size)
+    t = _t_quantile((1 + level) / 2, blocks - 1)
     return {"ratio": math.exp(m), "lo": math.exp(m - t * se), "hi": math.exp(m + t * se),
-            "se_log": se, "half_width": math.expm1(t * se)}
+            "se_log": se, "half_width": math.expm1(t * se), "block": size}
 
 
 def calibrate_number(
@@ -152,13 +213,16 @@ def measure_ratio(
     budget_s: float = 40.0,
     block_s: float = 0.015,
     level: float = 0.95,
+    block: int | None = 1,
     timer: BlockTimer = time_block,
     clock: Callable[[], float] = time.perf_counter,
 ) -> RatioEstimate:
     """time(fn) / time(baseline) in interleaved repeats until the interval's relative
     half-width is ≤ ``target`` (with ≥ ``min_repeats`` repeats) or ``budget_s`` is spent
-    (see the module docstring). ``timer(f, number)`` returns the seconds of one block and
-    ``clock`` measures the budget; both are injectable for tests. At least 2 repeats run."""
+    (see the module docstring). ``block`` is the interval's block length
+    (:func:`log_ratio_interval`: 1 per-repeat, None automatic). ``timer(f, number)`` returns
+    the seconds of one block and ``clock`` measures the budget; both are injectable for
+    tests. At least 2 repeats run."""
     target = check_float("target", target, low=0.0)
     min_repeats = check_int("min_repeats", min_repeats, minimum=2)
     max_repeats = check_int("max_repeats", max_repeats, minimum=min_repeats)
@@ -179,7 +243,7 @@ def measure_ratio(
         n = len(a_times)
         if n < 2:
             continue
-        est = log_ratio_interval(a_times, b_times, level)
+        est = log_ratio_interval(a_times, b_times, level, block)
         if n >= min_repeats and est["half_width"] <= target:
             converged = True
             break
@@ -191,6 +255,7 @@ def measure_ratio(
         ms=statistics.median(a_times) / number * 1e3,
         baseline_ms=statistics.median(b_times) / number * 1e3,
         number=number, half_width=est["half_width"], se_log=est["se_log"], target=target,
+        block=est["block"],
         log_ratios=[math.log(x / y) for x, y in zip(a_times, b_times, strict=True)])
 
 
@@ -279,6 +344,7 @@ def overhead_study(
     cosine = dict(get_score("cosine").bench_params)  # not bench.bench_params: bench imports us
     opts = {"target": target, "min_repeats": min_repeats, "budget_s": budget_s,
             "block_s": block_s, "level": level}
+    honest = {**opts, "block": None}  # moving blocks: load that persists is in the interval
     start, rows = time.perf_counter(), []
     try:
         g = torch.Generator().manual_seed(seed)
@@ -288,10 +354,10 @@ def overhead_study(
             base = fwdbwd_call("scaled_dot", inputs, {})
             if progress:
                 progress(f"cosine vs scaled_dot n={n} B={b} H={h}")
-            cos = measure_ratio(fwdbwd_call("cosine", inputs, cosine), base, **opts)
+            cos = measure_ratio(fwdbwd_call("cosine", inputs, cosine), base, **honest)
             if progress:
                 progress(f"noise floor n={n}")
-            floor = measure_ratio(fwdbwd_call("scaled_dot", inputs, {}), base, **opts)
+            floor = measure_ratio(fwdbwd_call("scaled_dot", inputs, {}), base, **honest)
             rows.append({"n": n, "batch": b, "heads": h, "cosine": cos.to_dict(),
                          "floor": floor.to_dict()})
         used = torch.get_num_threads()
@@ -300,6 +366,7 @@ def overhead_study(
     fit = fit_inverse_n([r["n"] for r in rows], [r["cosine"]["ratio"] - 1 for r in rows],
                         [r["cosine"]["ratio"] * (r["cosine"]["se_log"] or 0.0) for r in rows])
     settings = {"head_dim": head_dim, "dtype": "float32", "causal": False,
-                "pass": "forward+backward", "tau": cosine.get("tau"), "work": work, **opts}
+                "pass": "forward+backward", "tau": cosine.get("tau"), "work": work, **opts,
+                "interval": INTERVAL}
     return {"rows": rows, "fit": fit, "settings": settings, "threads": used,
             "versions": versions(), "seconds": time.perf_counter() - start}

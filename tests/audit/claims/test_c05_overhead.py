@@ -1,6 +1,8 @@
 """C5, the cost claim: the rule flips with the evidence, is inconclusive on noise, its per-N
 decision agrees with scipy's t-test on the log ratios, its evidence model names what is
-missing, and its figure is a print-quality PNG whose alt text states the finding."""
+missing, a fit that χ² rejects is said to be rejected and never quoted or drawn as a result, its
+timing table and takeaway sentence come from its own entry, and its figure is a print-quality
+PNG whose alt text states the finding."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import pytest
 from scipy import stats
 from support import layouts, png_info
 
-from attnscale.audit.claim import Sources
+from attnscale.audit import theory_plots
+from attnscale.audit.claim import Panel, Sources
 from attnscale.audit.claims import c05_overhead as M
 from attnscale.audit.interval import Interval
 from attnscale.audit.studies import PRESETS
@@ -133,7 +136,11 @@ def test_plain_sentences_follow_the_numbers():
     assert a.plain != b.plain and len(a.plain) == len(b.plain) == 2
     assert "+8.0%" in a.plain[1] and "+4.0%" in a.plain[1] and "+30.0%" in b.plain[1]
     assert "+8.0%" in a.plain[1] and "from N ≈" not in a.plain[1]  # never falls below δ
-    assert "falls" in a.plain[1] and "fit: overhead ≈ a + b/N" in a.plain[1]
+    # three N leave the fit one degree of freedom: untested, so its a and b are not quoted
+    assert "falls" in a.plain[1] and "fit: overhead ≈ a + b/N" not in a.plain[1]
+    assert "the fit a + b/N is not tested (3 N leave 1 degree of freedom" in a.because
+    five = judge(evidence([1 + 0.005 + 16 / n for n in NS[5]]))
+    assert "fit: overhead ≈ a + b/N, a = +0.5%" in five.plain[1]
     rising = judge(evidence([1.04, 1.05, 1.08]))
     assert "did not fall" in rising.plain[1] and rising.plain[1].startswith("What it depends")
     assert judge(evidence([1.0, 1.0, 1.0])).plain[0].startswith("Wrong as measured")
@@ -193,7 +200,11 @@ def test_the_measured_dict_validates_and_keeps_its_numbers():
     typed = M.Evidence.model_validate(ev)
     assert typed.settings.model_dump(exclude_unset=True)["pass"] == "forward+backward"
     v = M.judge(typed)
-    assert v.numbers["fit"] == ev["fit"]
+    assert ev["fit"]["dof"] == 0 and v.numbers["fit"] == {  # two N: an exact, untested fit
+        "status": "untested", "chi2": ev["fit"]["chi2"], "dof": 0, "chi2_99": None,
+        "points": 2}
+    assert ev["settings"]["interval"] == "moving-block bootstrap"
+    assert typed.rows[0].cosine.block == ev["rows"][0]["cosine"]["block"] >= 1
     assert v.numbers["by_n"]["16"]["ratio"] == ev["rows"][0]["cosine"]["ratio"]
     iv = typed.rows[0].cosine.interval()
     assert isinstance(iv, Interval) and iv.mean == ev["rows"][0]["cosine"]["ratio"]
@@ -215,7 +226,8 @@ def test_gather_scale_and_measurement():
     assert M.CLAIM.scale(p) == ("one CPU thread, N = 64, ≥ 3 interleaved repeats; other "
                                 "hardware differs")
     (m,) = M.CLAIM.measurements
-    assert m.kind == "bench" and m.params(p) == dict(p.bench)
+    # the interval method is in the key: a study cached with per-repeat intervals is not reused
+    assert m.kind == "bench" and m.params(p) == {**p.bench, "interval": "moving-block bootstrap"}
     assert M.CLAIM.studies == ()
 
 
@@ -251,3 +263,79 @@ def test_alt_text_follows_the_data():
     assert "the smallest overhead" not in M.alt(ev, None)  # no margin: said less, not faked
     ev["rows"] = ev["rows"][:1]
     assert "N = 4096" not in M.alt(ev, 0.02) and "±2.0%" in M.alt(ev, 0.02)
+
+
+# ------------------------------------------------- a rejected fit, the table and the takeaway
+
+RISING = [1.04, 1.045, 1.05, 1.06, 1.08]  # does not fall like a + b/N: χ² 13.2 on 3 dof
+
+
+def test_a_rejected_fit_is_said_with_its_chi2_and_never_quoted(tmp_path, monkeypatch):
+    """χ² above its 99th percentile: the numbers keep the status, χ² and dof but no a or b; the
+    sentences say it was rejected (with χ² and dof) and quote no parameter; the figure draws no
+    fit line or band, its legend and alt text saying why."""
+    ev = evidence(RISING)
+    v = judge(ev)
+    fit = v.numbers["fit"]
+    assert fit["status"] == "rejected" and fit["dof"] == 3
+    assert fit["chi2"] > fit["chi2_99"] == pytest.approx(stats.chi2.ppf(0.99, 3))
+    assert not {"a", "b", "a_se", "b_se"} & set(fit) and not v.numbers["from_fit"]
+    said = f"the fit a + b/N is rejected (χ² = {fit['chi2']:.1f} on 3 dof"
+    assert said in v.plain[1] and said in v.because
+    for text in (*v.plain, v.because, v.headline):
+        assert "a = " not in text and "b = " not in text and "fit: overhead" not in text
+    drawn = []
+    real = theory_plots.save_png
+    monkeypatch.setattr(theory_plots, "save_png",
+                        lambda fig, path: drawn.append(fig) or real(fig, path))
+    (figure,) = M.draw(ev, v.numbers, tmp_path)
+    labels = [t.get_text() for t in drawn[0].axes[0].get_legend().get_texts()]
+    assert not any(label.startswith("fit $a + b/N$, $b$") or "band" in label
+                   for label in labels)
+    assert any("rejected" in label and "not drawn" in label for label in labels)
+    assert figure["alt"].endswith(f"χ² = {fit['chi2']:.1f} on 3 dof rejects it.")
+    used = judge(evidence([1 + 0.005 + 16 / n for n in NS[5]]))
+    assert used.numbers["fit"]["status"] == "used" and "a" in used.numbers["fit"]
+
+
+def entry_of(ev):
+    """The claim's report entry, as :func:`attnscale.audit.render.judge` writes it."""
+    v = judge(ev)
+    return {"id": "C5", "verdict": v.verdict, "evidence": ev, "numbers": v.numbers}
+
+
+def test_the_timing_table_is_the_claims_own_panel():
+    """One panel from the entry's evidence: two rows per N (cosine, then the floor) with the
+    ratio, interval, repeats and block length; its note says how intervals are made and why the
+    fit is not read."""
+    ev = evidence(RISING)
+    ev["rows"][0]["cosine"] |= {"block": 16, "converged": False}
+    (panel,) = M.CLAIM.panels(entry_of(ev))
+    assert isinstance(panel, Panel) and panel.title.startswith("Speed: cosine against scaled")
+    assert panel.columns == ("N", "comparison", "time ratio", "95% interval", "repeats", "block")
+    assert len(panel.rows) == 10 and all(len(r) == 6 for r in panel.rows)
+    lo, hi = ev["rows"][0]["cosine"]["lo"], ev["rows"][0]["cosine"]["hi"]
+    assert panel.rows[0] == ("256", "cosine / scaled_dot", "1.040", f"[{lo:.3f}, {hi:.3f}]",
+                             "30 (budget)", "16")
+    assert panel.rows[1][:3] == ("256", "scaled_dot / itself", "1.000")
+    assert panel.rows[1][5] == "—"  # evidence without a block length says so
+    assert "moving-block bootstrap" in panel.note and "is rejected (χ² = 13.2 on 3 dof" in \
+        panel.note
+    assert M.CLAIM.panels({"evidence": {}}) == []
+
+
+def test_the_takeaway_sentence_comes_from_the_entry():
+    """The alternatives sentence: the measured overhead with its interval at every N, and the
+    noise floor's margin; nothing without per-N numbers."""
+    (says,) = M.CLAIM.says
+    assert (says.section, says.rank) == ("alternatives", 40)
+    e = entry_of(evidence([1.30, 1.20, 1.15]))
+    (sentence,) = says.build(e)
+    by_n = e["numbers"]["by_n"]
+    assert sentence.startswith(f"Cosine attention's extra time on CPU (forward + backward): "
+                               f"{M.ci_pct(by_n['256'])} at N = 256, ")
+    assert f"{M.ci_pct(by_n['4096'])} at N = 4096" in sentence
+    assert sentence.endswith(f"; the noise floor on this machine is "
+                             f"±{e['numbers']['delta']:.1%} (C5).")
+    assert says.build(entry_of(evidence([1.0, 1.0, 1.0]))) != [sentence]
+    assert says.build({"numbers": {}}) == []

@@ -23,15 +23,20 @@ from attnscale.audit.studies import PRESETS, studies
 from attnscale.audit.verdicts import LOSS_DELTA, MissingEvidence
 
 
-def c6(draw, text_gap, retrieval_gap=None, noise=0.002, arms=("dot", "cosine_tau1")):
-    """rival − scaled_dot = gap[rival] on text (each width) and on retrieval; the other fields
-    of the text LR study and the retrieval study as their readers write them (the rule does not
-    read them)."""
+def c6(draw, text_gap, retrieval_gap=None, noise=0.002, arms=("dot", "cosine_tau1"),
+       context_gap=None):
+    """rival − scaled_dot = gap[rival] on text (each width, unit init) and on retrieval, and
+    ``context_gap`` (default: the opposite of ``text_gap``) on GPT-2-init text; the other
+    fields of the text LR study and the retrieval study as their readers write them (the rule
+    does not read them)."""
     def row(gap):
         return {"scaled_dot": draw.arm(2.0, noise),
                 **{r: draw.arm(2.0 + gap[r], noise) for r in arms}}
     retrieval_gap = text_gap if retrieval_gap is None else retrieval_gap
-    text = {"loss": {w: row(text_gap) for w in WIDTHS}, "sweep": {}, "lrs": [1e-3, 1e-2],
+    context_gap = context_gap or {r: -g for r, g in text_gap.items()}
+    loss = {**{f"init=unit {w}": row(text_gap) for w in WIDTHS},
+            **{f"init=gpt2 {w}": row(context_gap) for w in WIDTHS}}
+    text = {"loss": loss, "sweep": {}, "lrs": [1e-3, 1e-2],
             "n": 32, "logit_limit": 1e4, "loss_margin": 1.0}
     retrieval = {"loss": {"all": row(retrieval_gap)}, "accuracy": {"all": {}},
                  "bound": {"cosine_tau1": 0.19}, "n": 32, "chance": 0.1}
@@ -56,6 +61,17 @@ def test_flips_between_scaled_best_and_not():
     assert yes.plain != no.plain != mixed.plain
 
 
+def test_gpt2_context_is_shown_but_never_decides():
+    """The GPT-2-init rows flip (default: the opposite gap) and the verdict does not move."""
+    yes = decide(c6(Draw(8), {"dot": 0.2, "cosine_tau1": 0.3}))
+    same = decide(c6(Draw(8), {"dot": 0.2, "cosine_tau1": 0.3},
+                     context_gap={"dot": 0.2, "cosine_tau1": 0.3}))
+    assert yes.verdict == same.verdict == "supported"
+    ctx = {k: c for k, c in yes.numbers.items() if k.startswith(M.CONTEXT)}
+    assert len(ctx) == 4 and all(c.less() for c in ctx.values())
+    assert yes.plain[-1].startswith("Context, not in the verdict") and "beat" in yes.plain[-1]
+
+
 @pytest.mark.parametrize("rng_seed", NULL_DRAWS)
 def test_no_effect_is_inconclusive(rng_seed):
     ev = c6(Draw(rng_seed), {"dot": 0.0, "cosine_tau1": 0.0}, noise=LOSS_DELTA)
@@ -69,7 +85,7 @@ def test_missing_censored_or_few_seeds_is_inconclusive():
     assert v.numbers["retrieval: cosine_tau1"].why == "an arm has no runs"
     assert v.verdict == "inconclusive"
     ev = c6(Draw(9), {"dot": 0.2, "cosine_tau1": 0.3})
-    ev["text"]["loss"]["d_model=32"]["dot"]["censored"] = True
+    ev["text"]["loss"]["init=unit d_model=32"]["dot"]["censored"] = True
     assert decide(ev).verdict == "inconclusive"
     ev = c6(Draw(9, n=2), {"dot": 0.2, "cosine_tau1": 0.3})
     assert decide(ev).verdict == "inconclusive"
@@ -78,11 +94,12 @@ def test_missing_censored_or_few_seeds_is_inconclusive():
 def test_holm_over_its_six_comparisons_is_scipys():
     ev = c6(Draw(10), {"dot": 0.06, "cosine_tau1": 0.0}, noise=0.015)
     v = decide(ev)
-    keys = list(v.numbers)
+    keys = [k for k in v.numbers if not k.startswith(M.CONTEXT)]
     assert len(keys) == 6
     def arms(k):
         where, rival = k.split(": ")
-        row = ev["retrieval"]["loss"]["all"] if where == "retrieval" else ev["text"]["loss"][where]
+        row = (ev["retrieval"]["loss"]["all"] if where == "retrieval"
+               else ev["text"]["loss"][where.replace("unit init ", "init=unit ")])
         return vals(row[rival]), vals(row["scaled_dot"])
     best = {k: min(("greater", "less", "equal"), key=lambda r, k=k: one_sided(*arms(k), r))
             for k in keys}
@@ -140,7 +157,8 @@ def test_gather_reads_the_text_and_tau_studies_and_shares_tau_with_c4():
     got = M.gather(src)
     assert got == {"text": lr_text_evidence(plan["lr_text"], []),
                    "retrieval": tau_evidence(plan["tau"], [])}
-    assert got["retrieval"] is c04_bounded_range.gather(src)  # the tau study is read once
+    # the same numbers C4 reads at the training length (C4 reads every length)
+    assert got["retrieval"] == c04_bounded_range.gather(src)["by_n"]["n=32"]
     M.CLAIM.read(got)
     assert M.CLAIM.studies == ("lr_text", "tau") and M.CLAIM.id == "C6"
 
@@ -159,8 +177,8 @@ def test_forest_plot_is_print_quality_with_a_finding(tmp_path, monkeypatch):
     assert dpi >= 150 and width >= 600 and height >= 400, (width, height, dpi)
     alt = figs[0]["alt"]
     assert len(alt) >= 40 and alt.rstrip().endswith(".") and re.search(r"\d", alt)
-    assert alt.startswith("Rival minus scaled_dot loss: of 6 paired comparisons (5 seeds,")
-    assert "3 greater, 3 less" in alt
+    assert alt.startswith("Rival minus scaled_dot loss: of 10 paired comparisons (5 seeds,")
+    assert "5 greater, 5 less" in alt
     assert {Path(p).name: bad for p, bad in saved if bad} == {}
 
 
@@ -169,3 +187,16 @@ def test_a_forest_without_any_estimate_is_an_error_not_faked(tmp_path):
     numbers = {k: c.model_dump() for k, c in decide(ev).numbers.items()}
     with pytest.raises(ValueError, match="no comparison has an estimate"):
         M.draw(ev, numbers, tmp_path)
+
+
+def test_the_text_loss_is_printed_in_bits_against_the_corpus_levels():
+    ev = c6(Draw(8), {"dot": 0.2, "cosine_tau1": 0.3})
+    ev["text"]["levels"] = {"unigram": 4.69, "bigram": 3.35}
+    line = decide(ev).plain[-1]
+    unit = ev["text"]["loss"]["init=unit d_model=32"]["scaled_dot"]["values"].values()
+    bits = np.mean(list(unit)) / np.log(2)  # nats -> bits
+    assert line.startswith("How far the text models got: scaled dot ends at ")
+    assert f"{bits:.2f} at d_model=32 (unit)" in line and "(gpt2)" in line
+    assert "4.69 for the corpus' unigram model and 3.35 for its bigram model" in line
+    del ev["text"]["levels"]
+    assert not decide(ev).plain[-1].startswith("How far")

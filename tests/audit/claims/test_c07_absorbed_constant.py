@@ -36,7 +36,25 @@ def test_c7_flips_between_absorbed_by_the_lr_and_not():
     assert "identity held to 3e-10 nats over 20 float64 steps" in dep.plain[1]
     assert "differ by 0.15 nats" in dep.plain[1]
     # the identity is the evidence on absorbing the constant; no trained absorbed arm is read
-    assert dep.plain[2].startswith("With gpt2 init plain dot is") and len(dep.plain) == 3
+    assert dep.plain[3].startswith("With gpt2 init plain dot is") and len(dep.plain) == 4
+
+
+def test_c7_says_the_scale_is_a_per_layer_lr_with_its_factor_at_every_d_k():
+    """The identity read the other way: dropping 1/√d_k is the scaled model with W_q's and
+    W_k's init and Adam LR × d_k^(1/4), √d_k on the logits, printed at the study's d_k."""
+    v = M.CLAIM.decide(head_dim(Draw(0), 0.2))
+    lr = v.plain[2]
+    assert lr.startswith("So the scale is a per-layer learning rate and init for W_q and W_k")
+    assert "× 2, 2.83, 3.36, 4 at d_k = 16, 64, 128, 256 (√d_k = 4, 8, 11.3, 16 on the " \
+        "logits)" in lr
+    small = M.CLAIM.decide(head_dim(Draw(0), 0.2, dks=(16, 64))).plain[2]
+    assert "× 2, 2.83 at d_k = 16, 64 (√d_k = 4, 8 on the logits)" in small
+    entry = {"numbers": {"identity": [r.model_dump() for r in v.numbers["identity"]]}}
+    (said,) = M.says_scale(entry)
+    assert said.startswith("The scale is a per-layer learning rate and init for W_q and W_k")
+    assert "× 2, 2.83, 3.36, 4 at d_k = 16, 64, 128, 256" in said
+    assert "alike to 3e-10 nats (C7)" in said and "effective LR and init" in said
+    assert M.says_scale({"numbers": {"identity": []}}) == []
 
 
 def test_c7_reads_no_trained_absorbed_arm():

@@ -75,8 +75,37 @@ def test_wording_and_numbers_follow_the_evidence():
     flat = M.CLAIM.decide(rem(rem_curves(lambda r: 0.9 - 0.01 * r)))
     assert good.plain[0].startswith("Right:") and flat.plain[0].startswith("Checked:")
     assert "0.60 of the weight" in good.plain[1] and "scaled ones 0.010" in good.plain[1]
-    assert good.headline == "supported: max weight 0.60 unscaled vs 0.010 scaled (d_k=64, n=512)"
-    assert good.numbers == {}
+    assert good.headline == ("supported: max weight 0.60 unscaled vs 0.010 scaled, q/k "
+                             "gradients 8× scaled (d_k=64, n=512)")
+    assert good.numbers == {"max_weight_unscaled_64_512": 0.6, "max_weight_scaled_64_512": 0.01,
+                            "grad_ratio_64": 8.0, "grad_norm": {"dot": 8.0, "scaled_dot": 1.0}}
+
+
+def test_the_gradient_measurement_is_printed_not_hard_coded():
+    """The measured q/k gradient ratio and the frozen max weight reach the plain sentence, the
+    headline, the figure's alt text and the page's short answer, and change with the data."""
+    for ratio, w_un in ((31.0, 0.73), (4.0, 0.5)):
+        ev = rem(rem_curves(lambda r: 1 / (1 + r**4)), grad_ratio_64=ratio,
+                 max_weight_unscaled_64_512=w_un, max_weight_scaled_64_512=0.027)
+        v = M.CLAIM.decide(ev)
+        assert f"is {ratio:.0f}× larger without the scale, not smaller" in v.plain[1]
+        assert f"put {w_un:.2f} of the weight on one key" in v.plain[1]
+        assert "attention frozen near one-hot on random keys at init, not vanishing " \
+            "gradients" in v.plain[1]
+        assert f"q/k gradients {ratio:.0f}× scaled" in v.headline
+        assert f"is {ratio:.0f}× larger without the scale, not smaller." in M.rem_alt(ev)
+        (said,) = M.says_scale({"evidence": ev})
+        assert f"put {w_un:.2f} of the weight on one key on average, scaled ones 0.027" in said
+        assert f"the gradient reaching q and k is {ratio:.0f}× larger without the scale" in said
+        assert "not vanishing gradients" in said
+    # opposite data: smaller gradients without the scale are said so, never "larger"
+    small = rem(rem_curves(lambda r: 1 / (1 + r**4)), grad_ratio_64=0.25)
+    text = " ".join([*M.CLAIM.decide(small).plain, *M.says_scale({"evidence": small})])
+    assert "4× smaller without the scale" in text and "larger" not in text
+    assert "not vanishing gradients" not in text
+    old = {k: v for k, v in ev.items() if k != "grad_ratio_64"}  # an entry from before it
+    (said,) = M.says_scale({"evidence": old})
+    assert "0.50 of the weight" in said and "gradient" not in said
 
 
 def test_evidence_with_a_missing_field_is_missing_evidence():
@@ -96,6 +125,7 @@ def test_measurement_is_supported_and_keeps_its_cache_key():
     assert [c["n"] for c in ev["curves"]] == [64, 512, 4096]
     assert ev["grad_ratio_64"] == pytest.approx(ev["grad_norm"]["dot"]
                                                 / ev["grad_norm"]["scaled_dot"])
+    assert ev["grad_ratio_64"] > 10  # larger without the scale, not smaller (31 measured)
     assert ev["max_weight_unscaled_64_512"] > 10 * ev["max_weight_scaled_64_512"]
     assert M.CLAIM.read(ev).model_dump() == ev  # report.json keeps the same dict
     assert M.CLAIM.decide(ev).verdict == "supported"

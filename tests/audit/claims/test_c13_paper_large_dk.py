@@ -142,3 +142,30 @@ def test_no_sentence_reads_as_another_verdict(verdict):
 
 def test_every_verdict_is_covered():
     assert set(CASES) == set(V.VERDICTS)
+
+
+# ------------------------------------------------------------------------------ takeaways
+
+
+def _comp(mean, reading):
+    return {"mean": mean, "lo": mean - 0.05, "hi": mean + 0.05, "n": 6, "reading": reading}
+
+
+def _c13_entry(gap, reading, verdict):
+    return {"id": "C13", "verdict": verdict, "evidence": {},
+            "numbers": {"gaps": {"16": _comp(0.0, "equal"), "256": _comp(gap, reading)},
+                        "slope": _comp(0.09, "greater"),
+                        "context": {"gpt2": {"256": _comp(0.001, "equal")}}}}
+
+
+def test_c13_takeaways_follow_the_data():
+    def said(e, section):
+        return " ".join(s for x in M.CLAIM.says if x.section == section for s in x.build(e))
+    real, none = _c13_entry(0.33, "greater", "supported"), _c13_entry(0.004, "equal", "refuted")
+    assert "costs +0.330 nats" in said(real, "scale")
+    assert "cost nothing we could measure" in said(none, "scale")
+    assert "With GPT-2 init" in said(real, "scale") and "no measurable cost" in said(real, "scale")
+    assert said(real, "answer").startswith("Keep 1/√d_k")
+    assert said(none, "answer").startswith("At this scale dropping")
+    undecided = _c13_entry(0.05, "inconclusive", "inconclusive")
+    assert "could not decide" in said(undecided, "scale")

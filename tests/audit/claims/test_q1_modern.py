@@ -38,10 +38,17 @@ def sweep_arm(**fields: Any) -> dict[str, Any]:
             "peak_logit_by_lr": {}, "unstable_by_lr": {}, "logit_curves": {}, **fields}
 
 
-def q1(draw, gaps, noise=0.002):
-    """gaps: width -> modern score -> (loss gap, sensitivity gap) against scaled_dot."""
+def U(w: str) -> str:
+    """The unit-init cell label of a width."""
+    return f"init=unit {w}"
+
+
+def q1(draw, gaps, noise=0.002, init="unit"):
+    """gaps: width -> modern score -> (loss gap, sensitivity gap) against scaled_dot, in the
+    cells of ``init``."""
     loss, sweep = {}, {}
-    for w, by in gaps.items():
+    for w0, by in gaps.items():
+        w = f"init={init} {w0}"
         loss[w] = {"scaled_dot": draw.arm(2.0, noise)}
         sweep[w] = {"scaled_dot": sweep_arm(sensitivity=draw.values(0.3, noise))}
         for m, (dl, ds) in by.items():
@@ -67,9 +74,21 @@ def test_q1_flips_between_a_match_and_none():
     assert no.verdict == "refuted" and no.headline == "refuted: d_model=32: —; d_model=128: —"
     some = judge(q1(Draw(3), {WIDTHS[0]: MATCHES, WIDTHS[1]: NONE}))
     assert some.verdict == "depends"
-    assert some.plain[0].startswith("d_model=32: qk_layernorm matches")
-    assert some.plain[1].startswith("d_model=128: no modern score matches")
+    assert some.plain[0].startswith("Unit init, d_model=32: qk_layernorm matches")
+    assert some.plain[1].startswith("Unit init, d_model=128: no modern score matches")
     assert yes.plain != no.plain
+
+
+def test_q1_gpt2_context_never_decides():
+    """GPT-2-init cells that say the opposite are shown as context; the verdict stays."""
+    ev = q1(Draw(3), dict.fromkeys(WIDTHS, MATCHES))
+    ctx = q1(Draw(4), dict.fromkeys(WIDTHS, NONE), init="gpt2")
+    both = {k: {**ev[k], **ctx[k]} if isinstance(ev[k], dict) else ev[k] for k in ev}
+    v = judge(both)
+    assert v.verdict == judge(ev).verdict == "supported"
+    assert any(k.startswith(M.CONTEXT) for k in v.numbers)
+    assert any(s.startswith("Context (GPT-2 init, not in the verdict), d_model=32: no modern")
+               for s in v.plain)
 
 
 @pytest.mark.parametrize("rng_seed", NULL_DRAWS)
@@ -82,7 +101,7 @@ def test_q1_no_effect_is_inconclusive(rng_seed):
 def test_q1_censored_or_few_seeds_is_inconclusive():
     ev = q1(Draw(4), dict.fromkeys(WIDTHS, MATCHES))
     for w in WIDTHS:
-        ev["loss"][w]["scaled_dot"]["censored"] = True
+        ev["loss"][U(w)]["scaled_dot"]["censored"] = True
     v = judge(ev)
     assert v.verdict == "inconclusive" and "undecided" in v.plain[0]
     assert judge(q1(Draw(4, n=2), dict.fromkeys(WIDTHS, MATCHES))).verdict == "inconclusive"
@@ -92,12 +111,13 @@ def test_q1_statistics_are_scipys():
     ev = q1(Draw(5), {WIDTHS[0]: {"qk_layernorm": (0.005, -0.06)}}, noise=0.015)
     v = judge(ev)
     w = WIDTHS[0]
-    loss = [list(ev["loss"][w][a]["values"].values()) for a in ("qk_layernorm", "scaled_dot")]
-    sens = [list(ev["sweep"][w][a]["sensitivity"].values())
+    loss = [list(ev["loss"][U(w)][a]["values"].values()) for a in ("qk_layernorm", "scaled_dot")]
+    sens = [list(ev["sweep"][U(w)][a]["sensitivity"].values())
             for a in ("qk_layernorm", "scaled_dot")]
     # one score at this width: its sensitivity family has one member, its loss is alone
     expected = [best_p(*loss, LOSS_DELTA), best_p(*sens, LOSS_DELTA)]
-    got = v.numbers[f"{w} qk_layernorm loss"], v.numbers[f"{w} qk_layernorm sensitivity"]
+    got = (v.numbers[f"unit init {w} qk_layernorm loss"],
+           v.numbers[f"unit init {w} qk_layernorm sensitivity"])
     assert [c.p_holm for c in got] == pytest.approx(list(expected), rel=1e-9)
     ci = stats.ttest_rel(*sens).confidence_interval(0.95)
     assert (got[1].lo, got[1].hi) == pytest.approx((ci.low, ci.high), rel=1e-9)
@@ -113,11 +133,11 @@ def test_q1_holm_families_are_one_widths_losses_and_its_sensitivities():
     ev = q1(Draw(6), dict.fromkeys(WIDTHS, TWO), noise=0.015)
     v = judge(ev)
     for w in WIDTHS:
-        loss = {a: list(ev["loss"][w][a]["values"].values()) for a in ev["loss"][w]}
-        sens = {a: list(ev["sweep"][w][a]["sensitivity"].values()) for a in ev["sweep"][w]}
+        loss = {a: list(ev["loss"][U(w)][a]["values"].values()) for a in ev["loss"][U(w)]}
+        sens = {a: list(ev["sweep"][U(w)][a]["sensitivity"].values()) for a in ev["sweep"][U(w)]}
         for kind, table in (("loss", loss), ("sensitivity", sens)):
             raw = [best_p(table[m], table["scaled_dot"], LOSS_DELTA) for m in TWO]
-            got = [v.numbers[f"{w} {m} {kind}"].p_holm for m in TWO]
+            got = [v.numbers[f"unit init {w} {m} {kind}"].p_holm for m in TWO]
             assert got == pytest.approx(list(holm_by_hand(raw)), rel=1e-9), (w, kind)
 
 
@@ -145,7 +165,7 @@ def test_q1_evidence_missing_a_field_is_missing_evidence():
     with pytest.raises(MissingEvidence, match="loss"):
         M.CLAIM.decide(ev)
     ev = q1(Draw(3), dict.fromkeys(WIDTHS, MATCHES))
-    del ev["sweep"][WIDTHS[0]]["softcap"]["sensitivity"]
+    del ev["sweep"][U(WIDTHS[0])]["softcap"]["sensitivity"]
     with pytest.raises(MissingEvidence, match="sensitivity"):
         M.CLAIM.decide(ev)
 
@@ -200,3 +220,26 @@ def test_q1_forest_without_an_estimate_is_an_error(tmp_path):
                judge(q1(Draw(3, n=2), dict.fromkeys(WIDTHS, MATCHES))).numbers.items()}
     with pytest.raises(ValueError, match="no comparison has an estimate"):
         M.draw({}, numbers, tmp_path)
+
+
+# ------------------------------------------------------------------------------ takeaways
+
+
+def says(ev, section):
+    v = judge(ev)
+    e = {"id": "Q1", "verdict": v.verdict, "evidence": ev,
+         "numbers": {k: c.model_dump() for k, c in v.numbers.items()}}
+    return [s for x in M.CLAIM.says if x.section == section for s in x.build(e)]
+
+
+def test_q1_takeaways_follow_its_readings_at_unit_init():
+    ev = q1(Draw(3), dict.fromkeys(WIDTHS, MATCHES))
+    alt = " ".join(says(ev, "alternatives"))
+    assert "QK-LayerNorm: matched scaled dot" in alt or "QK-LayerNorm: was no worse" in alt
+    assert "with lower LR sensitivity at d_model=128" in alt
+    assert "soft-capping: trailed scaled dot" in alt
+    line = says(ev, "answer")[0]
+    assert "QK-LayerNorm held up" in line and "soft-capping trailed" in line
+    assert says(ev, "when")[0].endswith("did not lower LR sensitivity (Q1).")
+    flipped = " ".join(says(q1(Draw(3), dict.fromkeys(WIDTHS, NONE)), "alternatives"))
+    assert "QK-LayerNorm: trailed scaled dot" in flipped

@@ -1,8 +1,8 @@
-"""Q4 (unscaled dot with QK-Clip against scaled_dot on the text LR sweep) on synthetic per-seed
-evidence: the rule flips between standing in and failing, reads inconclusive without an effect
-at 5 seeds, with a missing or censored arm, or with few seeds; its Holm correction over the
-widths is scipy's paired t-test adjusted by hand, the context comparisons apart; its sentences
-cannot read as another verdict, and its forest plot draws."""
+"""Q4 (QK-Clip on top of scaled dot, as Kimi K2 uses it, and on plain dot in place of 1/√d_k)
+on evidence built by hand: the rule's known answers, a clip that never acted (arms identical)
+reads undecided with no seeds to plan, Holm over τ within each kind of comparison; its own
+training study for the tiny, quick and standard presets; its gather on a few fake runs; its
+sentence in the page's short answers and its forest plot."""
 
 from __future__ import annotations
 
@@ -10,139 +10,153 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import (
-    CLAIMS_MD,
-    NULL_DRAWS,
-    WIDTHS,
-    assert_reads_as,
-    best_p,
-    holm_by_hand,
-    layouts,
-    png_info,
-)
-from support import SweepDraw as Draw
+from support import CLAIMS_MD, Draw, assert_reads_as, best_p, holm_by_hand, layouts, png_info
 
 from attnscale.audit import verdicts as V
-from attnscale.audit.claim import Sources, get_claim
+from attnscale.audit.claim import Sources, get_claim, training_plan
 from attnscale.audit.claims import q4_qkclip as M
-from attnscale.audit.evidence import lr_text_evidence
-from attnscale.audit.studies import PRESETS, VARIANTS, studies
-from attnscale.audit.verdicts import LOSS_DELTA, MissingEvidence
+from attnscale.audit.running import grid_spec
+from attnscale.audit.studies import PRESETS, VARIANTS, Study, studies
+from attnscale.audit.verdicts import LOSS_DELTA, seeds_sentence
+from attnscale.lab.sweep import expand
+from attnscale.util.jsonio import jsonable
+
+N = 6  # the standard preset's reported seeds
+TAUS = M.TAUS
 
 
-def sweep_arm(clipped: float) -> dict[str, Any]:
-    """The clipped arm's LR sweep, empty but for the share of runs the clip acted in at the LR
-    every synthetic arm is read at (0.01)."""
-    return {"sensitivity": {}, "unstable": {}, "n_runs": 0, "n_diverged": 0,
-            "n_past_logit_limit": 0, "loss_by_lr": {}, "final_logit_by_lr": {},
-            "peak_logit_by_lr": {}, "unstable_by_lr": {}, "logit_curves": {},
-            "clipped_by_lr": {"0.01": clipped, "0.1": 1.0}}
+def per_tau(x: float | dict[int, float]) -> dict[int, float]:
+    return x if isinstance(x, dict) else dict.fromkeys(TAUS, x)
 
 
-def q4(draw, gaps, noise=0.002, dot=0.1, layernorm=0.0, clipped=0.5):
-    """gaps: width -> dot_qkclip − scaled_dot clipped loss; plain dot and QK-LayerNorm sit at
-    ``dot`` and ``layernorm`` above scaled_dot; the clip acted in a share ``clipped`` of the
-    clipped arm's runs at its chosen LR."""
-    loss = {w: {"scaled_dot": draw.arm(2.0, noise), "dot": draw.arm(2.0 + dot, noise),
-                "qk_layernorm": draw.arm(2.0 + layernorm, noise),
-                M.ARM: draw.arm(2.0 + gap, noise)} for w, gap in gaps.items()}
-    return {"loss": loss, "sweep": {w: {M.ARM: sweep_arm(clipped)} for w in gaps},
-            "lrs": [1e-3, 1e-2, 1e-1], "n": 32, "logit_limit": 1e4, "loss_margin": 1.0}
+def flags(arm: dict[str, Any], k: int, clips: float = 40.0) -> tuple[dict, dict]:
+    """The acted (1/0) and clip-count arms of a clipped arm whose clip acted in ``k`` runs."""
+    seeds = list(arm["values"])
+    act = {s: float(i < k) for i, s in enumerate(seeds)}
+    lrs = dict(arm["lrs"])
+    return ({"values": act, "lrs": lrs}, {"values": {s: clips * v for s, v in act.items()},
+                                           "lrs": lrs})
+
+
+def q4(draw: Draw, top: Any = 0.0, stand: Any = 0.0, gap: float = 0.3, acted: Any = None,
+       noise: float = 0.002) -> dict[str, Any]:
+    """Evidence: scaled_dot at 2.0, dot ``gap`` above; scaled_qkclip τ ``top[τ]`` and
+    dot_qkclip τ ``stand[τ]`` above scaled_dot; ``acted``: arm -> runs the clip acted in
+    (default every run)."""
+    top, stand, acted = per_tau(top), per_tau(stand), acted or {}
+    loss = {"scaled_dot": draw.arm(2.0, noise), "dot": draw.arm(2.0 + gap, noise)}
+    for t in TAUS:
+        loss[f"scaled_qkclip{t}"] = draw.arm(2.0 + top[t], noise)
+        loss[f"dot_qkclip{t}"] = draw.arm(2.0 + stand[t], noise)
+    tables = {a: flags(loss[a], acted.get(a, len(loss[a]["values"]))) for a in M.CLIP_ARMS}
+    return {"loss": loss, "acted": {a: t[0] for a, t in tables.items()},
+            "clips": {a: t[1] for a, t in tables.items()}, "d_k": 256, "steps": 150,
+            "n_layers": 2}
 
 
 def judge(ev):
     return M.CLAIM.decide(ev)
 
 
-def test_q4_flips_between_standing_in_and_failing():
-    yes = judge(q4(Draw(3), dict.fromkeys(WIDTHS, 0.0)))
-    assert yes.verdict == "supported"
-    assert yes.headline == "supported: d_model=32: holds; d_model=128: holds"
-    no = judge(q4(Draw(3), dict.fromkeys(WIDTHS, 0.2)))
-    assert no.verdict == "refuted"
-    assert no.headline == "refuted: d_model=32: fails; d_model=128: fails"
-    some = judge(q4(Draw(3), {WIDTHS[0]: 0.0, WIDTHS[1]: 0.2}))
-    assert some.verdict == "depends"
-    assert some.plain[0] == ("d_model=32: dot with QK-Clip is no worse than scaled_dot (within "
-                             "δ or better).")
-    assert some.plain[1] == ("d_model=128: dot with QK-Clip is worse than scaled_dot by more "
-                             "than δ.")
+def test_q4_supported_where_the_clip_binds_and_both_halves_hold():
+    v = judge(q4(Draw(3, n=N)))
+    assert v.verdict == "supported"
+    assert v.headline == ("supported: τ=10: on scaled dot holds, on dot holds; "
+                          "τ=30: on scaled dot holds, on dot holds")
+    assert v.plain[0].startswith("τ = 10 on top of scaled dot: the clip acted in 6 of 6 runs "
+                                 "(40 head clips per run); scaled_qkclip10 − scaled_dot")
+    assert "recovering 100% of the unscaled gap" in v.plain[1]
+    assert v.numbers["acted"]["dot_qkclip30"] == {"runs": 6, "of": 6, "clips_per_run": 40.0}
+    assert v.numbers["recovered"]["10"] == pytest.approx(1.0, abs=0.05)
+    assert v.plain[-1].startswith("What it cannot show: this is 2 layers of one head at d_k = "
+                                  "256, 150 steps of AdamW")
+    # one τ is enough: the other idle on scaled dot and failing on dot
+    one = judge(q4(Draw(3, n=N), stand={10: 0.0, 30: 0.2},
+                   acted={"scaled_qkclip30": 0}))
+    assert one.verdict == "supported"
+    assert one.headline.endswith("τ=30: on scaled dot idle, on dot fails")
 
 
-def test_q4_where_the_clip_never_acted_is_undecided():
-    """The clip acted only at an LR the arm was not read at: the arm was plain dot there, so a
-    loss equal to scaled_dot's says nothing of the clip."""
-    v = judge(q4(Draw(3), dict.fromkeys(WIDTHS, 0.0), clipped=0.0))
+def test_q4_refuted_when_the_clip_on_dot_is_worse_at_every_binding_tau():
+    v = judge(q4(Draw(3, n=N), stand=0.2))
+    assert v.verdict == "refuted"
+    assert v.headline.endswith("on dot fails; τ=30: on scaled dot holds, on dot fails")
+    # a τ where the clip never acted is not one of them
+    idle30 = judge(q4(Draw(3, n=N), stand={10: 0.2, 30: 0.0}, acted={"dot_qkclip30": 0}))
+    assert idle30.verdict == "refuted"
+
+
+def test_q4_inconclusive_otherwise():
+    # (a) fails, (b) holds: no τ with both
+    assert judge(q4(Draw(3, n=N), top=0.2)).verdict == "inconclusive"
+    # plain dot is no worse either: nothing for the clip to recover, so (b) is not shown
+    flat = judge(q4(Draw(3, n=N), gap=0.0))
+    assert flat.verdict == "inconclusive" and flat.numbers["recovered"] == {"10": None,
+                                                                              "30": None}
+    # it stands in at one τ and fails at the other: not worse at every binding τ
+    mixed = judge(q4(Draw(3, n=N), top=0.2, stand={10: 0.0, 30: 0.2}))
+    assert mixed.verdict == "inconclusive"
+    # the clip acted in some runs only: read and shown, but it decides nothing
+    some = judge(q4(Draw(3, n=N), acted=dict.fromkeys(M.CLIP_ARMS, 3)))
+    assert some.verdict == "inconclusive"
+    assert some.headline == ("inconclusive: τ=10: on scaled dot partial, on dot partial; "
+                             "τ=30: on scaled dot partial, on dot partial")
+    assert "acted in 3 of 6 runs" in some.plain[0] and "decides nothing" in some.plain[0]
+    # too few seeds, or a censored arm
+    assert judge(q4(Draw(3, n=2))).verdict == "inconclusive"
+    ev = q4(Draw(3, n=N))
+    ev["loss"]["scaled_dot"]["censored"] = True
+    assert judge(ev).verdict == "inconclusive"
+
+
+def test_q4_a_clip_that_never_acted_is_undecided_without_seeds_to_plan():
+    """The clip never acted: each clipped arm is its plain score, bitwise (the review's width
+    128). Nothing is read, no seeds are advised, and no figure has anything to draw."""
+    ev = q4(Draw(3, n=N), acted=dict.fromkeys(M.CLIP_ARMS, 0))
+    for t in TAUS:  # identical runs
+        ev["loss"][f"scaled_qkclip{t}"] = ev["loss"]["scaled_dot"]
+        ev["loss"][f"dot_qkclip{t}"] = ev["loss"]["dot"]
+    v = judge(ev)
     assert v.verdict == "inconclusive"
-    assert v.headline == "inconclusive: d_model=32: idle; d_model=128: idle"
-    assert "never clipped a head" in v.plain[0]
-    ev = q4(Draw(3), dict.fromkeys(WIDTHS, 0.0))
-    del ev["sweep"][WIDTHS[0]][M.ARM]  # not recorded: not shown to act
-    assert judge(ev).headline.startswith("inconclusive: d_model=32: idle")
+    assert v.headline == ("inconclusive: τ=10: on scaled dot idle, on dot idle; "
+                          "τ=30: on scaled dot idle, on dot idle")
+    comps = v.numbers["comparisons"]
+    assert all(not c.decided() and c.why == M.NEVER for c in comps.values())
+    assert seeds_sentence(jsonable(v.numbers)) is None
+    assert not any("seeds" in s for s in v.plain)
+    assert "never acted in any of 6 runs" in v.plain[0] and "not measurable" in v.plain[0]
+    assert M.draw(ev, jsonable(v.numbers), Path("/nonexistent")) == []
+    entry = {"verdict": v.verdict, "numbers": jsonable(v.numbers)}
+    assert "τ = 10 never acted; τ = 30 never acted" in M.says_when(entry)[0]
 
 
-def test_q4_context_is_read_but_never_decides():
-    """Against plain dot the clip is better by 0.1 here, against QK-LayerNorm equal; the verdict
-    is the same whatever the context reads."""
-    v = judge(q4(Draw(3), dict.fromkeys(WIDTHS, 0.0), dot=0.1))
-    w = WIDTHS[0]
-    assert v.numbers[f"{w}: dot_qkclip − dot"].reading == "less"
-    assert f"{w}: against dot, lower loss, by more than δ (context)." in v.plain
-    worse_context = judge(q4(Draw(3), dict.fromkeys(WIDTHS, 0.0), dot=-0.3, layernorm=-0.3))
-    assert worse_context.verdict == v.verdict == "supported"
-
-
-@pytest.mark.parametrize("rng_seed", NULL_DRAWS)
-def test_q4_no_effect_at_the_edge_is_inconclusive(rng_seed):
-    """A true gap of exactly δ: neither no worse nor worse can be shown."""
-    ev = q4(Draw(rng_seed), dict.fromkeys(WIDTHS, LOSS_DELTA), noise=LOSS_DELTA)
-    assert judge(ev).verdict == "inconclusive"
-
-
-def test_q4_missing_censored_or_few_seeds_is_inconclusive():
-    ev = q4(Draw(4), dict.fromkeys(WIDTHS, 0.0))
-    for w in WIDTHS:
-        ev["loss"][w]["scaled_dot"]["censored"] = True
-    assert judge(ev).verdict == "inconclusive"
-    assert judge(q4(Draw(4, n=2), dict.fromkeys(WIDTHS, 0.0))).verdict == "inconclusive"
-    ev = q4(Draw(4), dict.fromkeys(WIDTHS, 0.0))
-    del ev["loss"][WIDTHS[1]][M.ARM]
+def test_q4_identical_runs_where_the_clip_acted_are_not_measurable():
+    """Arms bitwise identical though the clip is recorded as acting: the paired differences
+    are all 0, so nothing is read and no seeds are planned."""
+    ev = q4(Draw(3, n=N))
+    for t in TAUS:
+        ev["loss"][f"scaled_qkclip{t}"] = ev["loss"]["scaled_dot"]
     v = judge(ev)
-    assert v.verdict == "inconclusive" and v.headline.endswith("d_model=128: inconclusive")
+    top = v.numbers["comparisons"]["τ=10: scaled_qkclip10 − scaled_dot"]
+    assert not top.measurable() and not top.no_worse()
+    assert v.verdict == "inconclusive"
+    assert seeds_sentence(jsonable(v.numbers)) is None
 
 
-def test_q4_holm_is_over_the_widths_and_each_context_apart():
-    ev = q4(Draw(6), {WIDTHS[0]: 0.005, WIDTHS[1]: 0.01}, noise=0.015, dot=0.03)
+def test_q4_holm_is_over_tau_within_each_kind():
+    ev = q4(Draw(6, n=N), top={10: 0.005, 30: 0.01}, stand={10: 0.0, 30: 0.02}, noise=0.015)
     v = judge(ev)
-    for base in ("scaled_dot", "dot", "qk_layernorm"):
-        raw = [best_p(list(ev["loss"][w][M.ARM]["values"].values()),
-                      list(ev["loss"][w][base]["values"].values()), LOSS_DELTA)
-               for w in WIDTHS]
-        got = [v.numbers[f"{w}: {M.ARM} − {base}"].p_holm for w in WIDTHS]
-        assert got == pytest.approx(holm_by_hand(raw), rel=1e-9), base
-
-
-def test_q4_evidence_missing_a_field_is_missing_evidence():
-    ev = q4(Draw(3), dict.fromkeys(WIDTHS, 0.0))
-    del ev["loss"]
-    with pytest.raises(MissingEvidence, match="loss"):
-        M.CLAIM.decide(ev)
-
-
-def test_q4_gathers_the_text_study_which_trains_the_clipped_arm():
-    ev = q4(Draw(3), dict.fromkeys(WIDTHS, 0.0))
-    src = Sources(preset=None, studies={}, runs={}, measured={},
-                  memo={("lr_text", lr_text_evidence): ev})
-    assert M.CLAIM.gather(src) is ev
-    study = studies(PRESETS["standard"])["lr_text"]
-    assert M.ARM in study.arms and VARIANTS[M.ARM] == {"score": "dot", "qk_clip": 100.0}
+    for kind, (score, base) in M.KINDS.items():
+        raw = [best_p(list(ev["loss"][f"{score}_qkclip{t}"]["values"].values()),
+                      list(ev["loss"][base]["values"].values()), LOSS_DELTA) for t in TAUS]
+        got = [v.numbers["comparisons"][M.key(kind, t)].p_holm for t in TAUS]
+        assert got == pytest.approx(holm_by_hand(raw), rel=1e-9), kind
 
 
 CASES = {
-    V.SUPPORTED: lambda: q4(Draw(3), dict.fromkeys(WIDTHS, 0.0)),
-    V.REFUTED: lambda: q4(Draw(3), dict.fromkeys(WIDTHS, 0.2)),
-    V.DEPENDS: lambda: q4(Draw(3), {WIDTHS[0]: 0.0, WIDTHS[1]: 0.2}),
-    V.INCONCLUSIVE: lambda: q4(Draw(3, n=2), dict.fromkeys(WIDTHS, 0.0)),
+    V.SUPPORTED: lambda: q4(Draw(3, n=N)),
+    V.REFUTED: lambda: q4(Draw(3, n=N), stand=0.2),
+    V.INCONCLUSIVE: lambda: q4(Draw(3, n=N), top=0.2),
 }
 
 
@@ -151,20 +165,101 @@ def test_no_sentence_reads_as_another_verdict(verdict):
     assert_reads_as(judge(CASES[verdict]()), verdict, "Q4")
 
 
-def test_q4_draws_its_forest_plot_with_a_finding(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("preset", "d_k"), [("tiny", 16), ("quick", 64), ("standard", 256)])
+def test_q4_study_builds_in_the_head_dim_setting(preset, d_k):
+    p = PRESETS[preset]
+    s = M.build(p)
+    assert s.name == "qkclip" and s.arms == M.CLIP_ARMS
+    assert all(a in VARIANTS for a in s.arms)
+    assert {VARIANTS[a]["qk_clip"] for a in s.arms} == {10.0, 30.0}
+    assert s.cells == {"init": ("unit",), "d_model": (d_k,)}
+    assert (s.lrs, s.seeds, s.tune_seeds, s.lr_choice) == (p.tuned_lrs, p.seeds,
+                                                           p.tune_seeds[:1], "tuned")
+    head_dim = studies(p)["head_dim"]
+    assert head_dim.base == s.base  # same setting, same schedule
+    assert d_k in head_dim.cells["d_model"] and "unit" in head_dim.cells["init"]
+    assert (head_dim.lrs, head_dim.seeds, head_dim.tune_seeds) == (s.lrs, s.seeds, s.tune_seeds)
+    assert training_plan(p)["qkclip"] == s
+    assert M.scale(p).startswith(f"2 layers of one head, d_k = {d_k}, unit init, {p.steps} ")
+
+
+def ids(study: Study) -> set[str]:
+    """The config ids of every run a study may train (tuning and reported seeds, every LR)."""
+    return {x.id for x in expand(grid_spec(study, study.tune_seeds + study.seeds, study.lrs))}
+
+
+def test_q4_study_owns_its_runs_and_the_baselines_belong_to_head_dim():
+    """Run ids are config hashes: a run of two studies is stored under the first one only, so
+    the clipped arms must not share a config with another study, and scaled_dot and dot of
+    this cell (which would) are read from head_dim."""
+    p = PRESETS["standard"]
+    plan = training_plan(p)
+    mine = ids(plan["qkclip"])
+    for name, study in plan.items():
+        if name != "qkclip":
+            assert not mine & ids(study), name
+    base = Study("x", plan["qkclip"].base, ("scaled_dot", "dot"), p.tuned_lrs, p.seeds,
+                 cells=plan["qkclip"].cells, lr_choice="tuned", tune_seeds=p.tune_seeds[:1])
+    assert ids(base) <= ids(plan["head_dim"])
+
+
+def fake_run(arm: str, seed: int, loss: float, clips: int, d: int, lr: float) -> dict:
+    history = [{"loss": 4.0, "qk_clipped": clips}, {"loss": loss, "qk_clipped": 0}]
+    return {"id": f"{arm}-{seed}", "variant": arm, "status": "done", "final_loss": loss,
+            "config": {"seed": seed, "lr": lr, "init": "unit", "d_model": d, **VARIANTS[arm]},
+            "history": history}
+
+
+def test_q4_gathers_a_few_fake_runs():
+    p = PRESETS["tiny"]
+    plan = {"qkclip": M.build(p), "head_dim": studies(p)["head_dim"]}
+    level = {"scaled_dot": 2.0, "dot": 2.3, "scaled_qkclip10": 2.0, "scaled_qkclip30": 2.0,
+             "dot_qkclip10": 2.01, "dot_qkclip30": 2.05}
+    clips = {"scaled_qkclip10": 3, "scaled_qkclip30": 0, "dot_qkclip10": 9, "dot_qkclip30": 5}
+    runs: dict[str, list[dict]] = {"qkclip": [], "head_dim": []}
+    for arm, x in level.items():
+        study = "qkclip" if arm in clips else "head_dim"
+        for seed in (*p.tune_seeds, *p.seeds):
+            runs[study].append(fake_run(arm, seed, x + 0.01 * seed + 0.001 * (seed % 2) * x,
+                                        clips.get(arm, 0), 16, p.tuned_lrs[0]))
+    src = Sources(preset=p, studies=plan, runs=runs, measured={})
+    ev = M.CLAIM.read(M.CLAIM.gather(src))
+    assert set(ev.loss) == {*level} and set(ev.acted) == set(ev.clips) == set(clips)
+    assert ev.loss["dot"].source == ["head_dim", "init=unit d_model=16", "dot"]
+    assert ev.acted["scaled_qkclip30"].values == {"0": 0.0, "1": 0.0, "2": 0.0}
+    assert ev.clips["dot_qkclip10"].values == {"0": 9.0, "1": 9.0, "2": 9.0}
+    assert (ev.d_k, ev.steps, ev.n_layers) == (16, p.steps, 2)
+    v = M.CLAIM.decide(ev)
+    assert "τ=30: on scaled dot idle" in v.headline
+    assert v.numbers["acted"]["scaled_qkclip10"] == {"runs": 3, "of": 3, "clips_per_run": 3.0}
+
+
+def test_q4_says_when_from_its_numbers():
+    v = judge(q4(Draw(3, n=N), acted={"scaled_qkclip30": 0}))
+    (sentence,) = M.says_when({"verdict": v.verdict, "numbers": jsonable(v.numbers)})
+    c = v.numbers["comparisons"]["τ=10: scaled_qkclip10 − scaled_dot"]
+    assert sentence.startswith("QK-Clip, as Kimi K2 uses it (on top of 1/√d_k): at d_k = 256 "
+                               f"with unit init, τ = 10 acted in 6 of 6 runs and cost "
+                               f"{c.mean:+.3f} nats [")
+    assert "τ = 30 acted in 0 of 6 runs; on plain dot τ = 10 recovered" in sentence
+    assert "of the unscaled gap, ending" in sentence and sentence.endswith("(Q4).")
+
+
+def test_q4_draws_its_forest_plot(tmp_path, monkeypatch):
     saved = layouts(monkeypatch)
-    ev = q4(Draw(3), dict.fromkeys(WIDTHS, 0.0))
-    numbers = {k: c.model_dump() for k, c in judge(ev).numbers.items()}
-    figs = M.draw(ev, numbers, tmp_path)
+    ev = q4(Draw(3, n=N), acted={"scaled_qkclip30": 0})
+    figs = M.draw(ev, jsonable(judge(ev).numbers), tmp_path)
     assert [Path(f["path"]).name for f in figs] == ["q4_effects.png"]
     width, height, dpi = png_info(figs[0]["path"])
     assert dpi >= 150 and width >= 600 and height >= 400
-    assert figs[0]["alt"].startswith("Unscaled dot with QK-Clip minus scaled dot")
+    assert figs[0]["alt"].startswith("QK-Clip on scaled dot minus scaled dot")
     assert [problems for _, problems in saved] == [[]]
 
 
 def test_q4_answers_and_registration():
     assert get_claim("Q4") is M.CLAIM and M.CLAIM.question
     assert set(M.CLAIM.answers) == set(V.VERDICTS)
-    assert M.CLAIM.studies == ("lr_text",) and M.CLAIM.text == "Can QK-Clip stand in for 1/√d_k?"
-    assert "### Q4" in CLAIMS_MD
+    assert M.CLAIM.studies == ("head_dim", "qkclip")
+    assert [t.name for t in M.CLAIM.trains] == ["qkclip"]
+    assert [(s.section, s.rank) for s in M.CLAIM.says] == [("when", 25)]
+    assert "### Q4" in CLAIMS_MD and "2507.20534" in CLAIMS_MD

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.audit import figure_text as T
-from attnscale.audit.claim import Claim, Figure, Sources, register
+from attnscale.audit.claim import Claim, Figure, Says, Sources, register
 from attnscale.audit.compare import family, mean
 from attnscale.audit.evidence import Accuracy, accuracy_evidence
 from attnscale.audit.evidence import chance as task_chance
@@ -114,8 +114,22 @@ def gather(src: Sources) -> dict[str, Any]:
     return src.study("salience", salience_evidence)
 
 
+def says_alternatives(e: dict[str, Any]) -> list[str]:
+    """Whether cosine loses a cue carried by ‖k‖ alone."""
+    c3 = e["numbers"]
+    if not c3:
+        return []
+    best = max(c3.values(), key=lambda c: c["mean"])
+    lead = {SUPPORTED: "It cannot see a cue carried by ‖k‖ alone",
+            REFUTED: "It still found a cue carried by ‖k‖ alone"}.get(
+        e["verdict"], "Whether it loses a cue carried by ‖k‖ alone was not decided")
+    return [f"{lead}: its best accuracy is {abs(best['mean']):.2f} "
+            f"{'below' if best['mean'] < 0 else 'above'} scaled dot's (C3)."]
+
+
 CLAIM = register(Claim(
     id="C3", text="Cosine similarity throws away magnitude information the dot product keeps.",
     measures="salience with the cue on ‖k‖ only, and two controls: paired accuracy",
     rule=RULE, evidence=Accuracy, gather=gather, judge=judge, draw=draw,
-    studies=("salience",)))
+    studies=("salience",),
+    says=(Says("alternatives", says_alternatives, rank=30),)))

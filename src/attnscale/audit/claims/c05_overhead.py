@@ -4,7 +4,9 @@ Henry et al. 2020, arXiv 2010.04245).
 Decided from the overhead study (:func:`attnscale.measure.overhead.overhead_study`, its format
 documented there): per sequence length N, the forward+backward time ratio cosine / scaled_dot on
 the same fused kernel with its 95% interval, and the noise floor scaled_dot / scaled_dot
-measured the same way.
+measured the same way. Both intervals are moving-block bootstraps over consecutive repeats
+(blocks of about √n repeats: :func:`attnscale.measure.overhead.log_ratio_interval`), so load
+that persists over repeats widens them instead of passing for precision.
 
 The smallest overhead treated as real is δ = max(2%, worst floor deviation), the floor's
 deviation at one N being |r_floor − 1| + its interval's larger half-width: identical work
@@ -17,7 +19,12 @@ errors say). The fit pools every N, so one noisy repeat series cannot flip the v
 standard preset stops each measurement at a half-width of 1%, half the smallest δ (a target
 equal to δ let a true 1–1.5% overhead read absent in one run and undecided in the next).
 Where the fitted overhead crosses δ, N* = b/(δ − a) says from which length on it is below what
-counts.
+counts. A fit the rule does not read (χ² above its 99th percentile, or too few N to test it) is
+never quoted as a finding: the sentences, numbers, table and figure say it was rejected (with χ²
+and its degrees of freedom) or untested, and give no a or b.
+
+The claim also brings its own timing table (:func:`panels`) and its sentence among the page's
+alternatives (:func:`says_alternatives`).
 """
 
 from __future__ import annotations
@@ -28,20 +35,24 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
-import scipy  # its submodules load on first use (scipy.stats alone takes ~2 s to import)
-from pydantic import ConfigDict, Field
 
-from attnscale.audit.claim import Claim, Figure, Measurement, Sources, register
-from attnscale.audit.evidence import Model
+from attnscale.audit.claim import Claim, Entry, Figure, Measurement, Panel, Says, Sources, register
 from attnscale.audit.figure_text import finite
 from attnscale.audit.interval import Interval
 from attnscale.audit.studies import Preset
 from attnscale.audit.theory_plots import BAND, log_ticks, outside, save, yerr
+from attnscale.audit.timing_evidence import (
+    Evidence,
+    Fit,
+    Ratio,
+    Row,
+    ci_pct,
+    fit_text,
+    ratio_text,
+    unread_text,
+)
 from attnscale.audit.verdicts import DEPENDS, INCONCLUSIVE, REFUTED, SUPPORTED, Verdict
 from attnscale.measure import overhead
-
-Z95 = 1.959963984540054  # the fit's errors are absolute (weights 1/σ²): a normal band
-MIN_DOF = 2  # a + b/N through fewer than 4 points cannot test itself: read each N as measured
 
 MIN_DELTA = 0.02  # below 2% a CPU timing difference is not worth a claim
 MAX_DELTA = 0.10  # a floor noisier than this cannot show that an overhead is absent
@@ -49,145 +60,18 @@ SMALL = 0.10  # overheads under 10% are called small
 
 RULE = ("From the overhead study: forward+backward time of cosine / scaled_dot on the same "
         "fused kernel, measured in interleaved repeats until the 95% interval of the "
-        "geometric-mean ratio reaches the stopping target (±1% in the standard preset, half "
+        "geometric-mean ratio (a moving-block bootstrap over consecutive repeats) reaches the "
+        "stopping target (±1% in the standard preset, half "
         "of the smallest δ) or a time budget runs out, at each N, beside a noise floor "
         "(scaled_dot / scaled_dot, same procedure). Margin δ = max(2%, the floor's worst "
         "|ratio − 1| plus half-width). The overhead at each N is read from the weighted fit "
         "a + b/N over every N (95% band from its covariance, widened by the Birge ratio when "
-        "χ²/dof > 1; the measured interval itself when there is no fit): real if the band "
+        "χ²/dof > 1; the measured interval itself when χ² rejects the fit at its 99th "
+        "percentile or fewer than 4 N leave it untested): real if the band "
         "lies above +δ, absent if it lies within ±δ (only when δ ≤ 10%: a noisier floor "
         "cannot show absence), undecided otherwise. Supported if real at every N; refuted "
         "if absent at every N; depends (on N) if real at some N and absent at others with no "
         "unconverged undecided N; inconclusive otherwise")
-
-
-def pct(x: float) -> str:
-    """An overhead ratio as a signed percentage: 1.031 -> "+3.1%"."""
-    return f"{(x - 1) * 100:+.1f}%"
-
-
-def ratio_text(ratio: float, lo: float | None, hi: float | None) -> str:
-    """"+3.1% [+2.0%, +4.2%]" for a ratio and its interval (the ratio alone without one)."""
-    if lo is None or hi is None:
-        return pct(ratio)
-    return f"{pct(ratio)} [{pct(lo)}, {pct(hi)}]"
-
-
-def ci_pct(est: Mapping[str, Any]) -> str:
-    """:func:`ratio_text` of a ratio estimate in its plain dict form {"ratio", "lo", "hi"}."""
-    return ratio_text(est["ratio"], est.get("lo"), est.get("hi"))
-
-
-class Ratio(Model):
-    """One ratio estimate (:meth:`attnscale.measure.overhead.RatioEstimate.to_dict`): the
-    geometric-mean time ratio and its 95% Student-t interval over ``n`` repeats (lo/hi None
-    below 2 repeats), and whether it reached its target width."""
-
-    ratio: float
-    lo: float | None = None
-    hi: float | None = None
-    n: int
-    converged: bool
-    seconds: float | None = None
-    ms: float | None = None
-    baseline_ms: float | None = None
-    number: int | None = None
-    half_width: float | None = None
-    se_log: float | None = None
-    target: float | None = None
-
-    def interval(self) -> Interval:
-        """The ratio as the audit's interval type (mean = ratio)."""
-        return Interval(mean=self.ratio, lo=self.lo, hi=self.hi, n=self.n)
-
-    def text(self) -> str:
-        """"+3.1% [+2.0%, +4.2%]"."""
-        return ratio_text(self.ratio, self.lo, self.hi)
-
-
-class Row(Model):
-    """One sequence length N: cosine / scaled_dot, and the floor scaled_dot / scaled_dot."""
-
-    n: int
-    batch: int | None = None
-    heads: int | None = None
-    cosine: Ratio
-    floor: Ratio
-
-
-class Fit(Model):
-    """Weighted least squares overhead(N) ≈ a + b/N (:func:`overhead.fit_inverse_n`)."""
-
-    a: float
-    b: float
-    a_se: float | None = None
-    b_se: float | None = None
-    cov_ab: float | None = None
-    chi2: float | None = None
-    dof: int | None = None
-    weighted: bool | None = None
-    points: int | None = None
-
-    def usable(self) -> bool:
-        """A weighted fit with its whole covariance (older evidence lacks cov_ab), at least
-        :data:`MIN_DOF` degrees of freedom, that its points do not reject: χ² below its 99th
-        percentile (a misfit means the overhead does not follow a + b/N, and each N is read as
-        measured)."""
-        if not self.weighted or None in (self.a_se, self.b_se, self.cov_ab, self.chi2):
-            return False
-        return (self.dof or 0) >= MIN_DOF and (
-            self.chi2 <= scipy.stats.chi2.ppf(0.99, self.dof))
-
-    def birge(self) -> float:
-        """√(χ²/dof), at least 1: how far the points scatter beyond their stated errors."""
-        if not self.dof or self.chi2 is None:
-            return 1.0
-        return max(1.0, (self.chi2 / self.dof) ** 0.5)
-
-    def at(self, n: int) -> Interval:
-        """The fitted overhead a + b/N with its 95% band (as a ratio, 1 + overhead)."""
-        x = 1.0 / n
-        var = self.a_se**2 + (x * self.b_se) ** 2 + 2 * x * self.cov_ab
-        # a scale estimated from the residuals (Birge > 1) takes Student's t with the fit's dof
-        q = Z95 if self.birge() == 1.0 else float(scipy.stats.t.ppf(0.975, self.dof))
-        half = q * self.birge() * max(var, 0.0) ** 0.5
-        mid = 1 + self.a + self.b * x
-        return Interval(mean=mid, lo=mid - half, hi=mid + half, n=self.points or 0)
-
-    def crossing(self, delta: float) -> float | None:
-        """N* = b/(δ − a), where the fitted overhead falls to δ (None if it never does)."""
-        if self.b <= 0 or self.a >= delta:
-            return None
-        return self.b / (delta - self.a)
-
-
-class Settings(Model):
-    """The study's settings (only ``head_dim`` enters the verdict's regime)."""
-
-    model_config = ConfigDict(serialize_by_alias=True)
-
-    head_dim: int = 64
-    dtype: str | None = None
-    causal: bool | None = None
-    pass_: str | None = Field(None, alias="pass")
-    tau: float | None = None
-    work: int | None = None
-    target: float | None = None
-    min_repeats: int | None = None
-    budget_s: float | None = None
-    block_s: float | None = None
-    level: float | None = None
-
-
-class Evidence(Model):
-    """The overhead study (:func:`attnscale.measure.overhead.overhead_study`)."""
-
-    rows: list[Row]
-    fit: Fit | None = None
-    settings: Settings = Settings()
-    threads: int | None = None
-    versions: dict[str, Any] = Field(default_factory=dict)
-    seconds: float | None = None
 
 
 def floor_deviation(est: Ratio) -> float:
@@ -225,15 +109,6 @@ def classify(est: Ratio | Interval, delta: float) -> str:
     return "undecided"
 
 
-def fit_text(fit: Fit | None) -> str:
-    """"fit: a + b/N with a = …, b = …" (or "" without a fit)."""
-    if not fit:
-        return ""
-    a_se = "" if fit.a_se is None else f" ± {fit.a_se * 100:.1f}%"
-    b_se = "" if fit.b_se is None else f" ± {fit.b_se:.2g}"
-    return f"fit: overhead ≈ a + b/N, a = {fit.a * 100:+.1f}%{a_se}, b = {fit.b:.3g}{b_se}"
-
-
 def judge(ev: Evidence) -> Verdict:
     """C5: is cosine's forward+backward time above scaled_dot's by more than the margin δ,
     at every N measured? (Rule: :data:`RULE`.)"""
@@ -262,7 +137,8 @@ def judge(ev: Evidence) -> Verdict:
     because = ("cosine / scaled_dot fwd+bwd, measured: "
                + "; ".join(f"N={r.n}: {r.cosine.text()}"
                            f"{'' if r.cosine.converged else ' (not converged)'}" for r in rows)
-               + (". Read from the fit a + b/N: " if fitted else ". Read as measured: ")
+               + (". Read from the fit a + b/N: " if fitted else
+                  f". Read as measured, as {unread_text(ev.fit) or 'there is no fit'}: ")
                + "; ".join(f"N={r.n}: {band_text(read[r.n])} ({states[r.n]})" for r in rows)
                + f". Noise floor (scaled_dot / scaled_dot) worst deviation {floor_dev:.1%} at "
                f"N={worst_n}; margin δ = ±{delta:.1%}")
@@ -270,7 +146,7 @@ def judge(ev: Evidence) -> Verdict:
     return Verdict(
         verdict, RULE, because,
         {"delta": delta, "by_n": by_n, "from_fit": fitted, "crossing": cross,
-         "fit": None if ev.fit is None else ev.fit.model_dump(exclude_unset=True)},
+         "fit": None if ev.fit is None else ev.fit.numbers()},
         headline=headline(verdict, rows, read, states, delta),
         plain=plain(verdict, rows, read, states, delta, ev.fit, cross),
         regime=f"CPU float32, forward+backward, D={ev.settings.head_dim}, {threads} "
@@ -315,7 +191,7 @@ def scaling_text(rows: list[Row], read: dict[int, Interval],
     trend = (f"from {x} at N={first.n} to {y} at N={last.n} ({source})" if len(rows) > 1
              else f"{x} at N={first.n} ({source})")
     falls = len(rows) > 1 and read[last.n].mean < read[first.n].mean
-    fit_s = f" ({fit_text(fit)})" if fit else ""
+    fit_s = f" ({fit_text(fit)})" if fit_text(fit) else ""
     if len(rows) == 1:
         return (f"the extra work is O(N·d) normalization against O(N²·d) attention, so it "
                 f"should fall with N; only N={first.n} was measured: {trend}.", trend, falls)
@@ -332,6 +208,9 @@ def plain(verdict: str, rows: list[Row], read: dict[int, Interval], states: dict
     scaling, trend, falls = scaling_text(rows, read, fit)
     if cross is not None and rows[0].n <= cross <= rows[-1].n and verdict != INCONCLUSIVE:
         scaling += f" The fitted overhead falls below +{delta:.1%} from N ≈ {cross:.3g}."
+    if fit is not None and fit.status() == "rejected":
+        scaling += (f" But {unread_text(fit)}: the overhead does not follow a + b/N here, so "
+                    f"each N is read as measured.")
     if verdict == SUPPORTED:
         largest = max(read[r.n].mean for r in rows) - 1
         size = f"small: at most {largest:+.1%}" if largest < SMALL else f"up to {largest:+.1%}"
@@ -366,6 +245,10 @@ def alt(ev: Mapping[str, Any], delta: float | None) -> str:
     if finite(delta):
         text += (f" Timing scaled_dot against itself the same way stays within ±{delta:.1%}, "
                  f"the smallest overhead this machine can resolve.")
+    fit = Fit.model_validate(ev["fit"]) if ev.get("fit") else None
+    if fit is not None and fit.status() == "rejected":
+        text += (f" The fit a + b/N is not drawn: χ² = {fit.chi2:.1f} on {fit.dof} dof "
+                 f"rejects it.")
     return text
 
 
@@ -385,15 +268,17 @@ def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> lis
         ax.errorbar([n * shift for n in ns], [e["mean"] for e in est], yerr=yerr(est),
                     marker="o", capsize=3, color=color, label=f"{label}, 95% CI")
     fit = Fit.model_validate(ev["fit"]) if ev.get("fit") else None
-    if fit is not None and len(ns) > 1:
+    if fit is not None and fit.usable() and len(ns) > 1:  # only the fit the rule reads
         grid = np.geomspace(ns[0], ns[-1], 50)
         ax.plot(grid, 100 * (fit.a + fit.b / grid), "C0--", lw=0.8,
                 label=f"fit $a + b/N$, $b$ = {fit.b:.3g}")
-        if fit.usable():  # the band the verdict reads
-            bands = [fit.at(int(n)) for n in grid]
-            ax.fill_between(grid, [100 * (b.lo - 1) for b in bands],
-                            [100 * (b.hi - 1) for b in bands], color="C0", alpha=0.15,
-                            label="fit's 95% band (what the rule reads)")
+        bands = [fit.at(int(n)) for n in grid]
+        ax.fill_between(grid, [100 * (b.lo - 1) for b in bands],
+                        [100 * (b.hi - 1) for b in bands], color="C0", alpha=0.15,
+                        label="fit's 95% band (what the rule reads)")
+    elif fit is not None and fit.status() == "rejected":  # said, not drawn
+        ax.plot([], [], " ", label=f"fit $a + b/N$ rejected ($\\chi^2$ = {fit.chi2:.1f} on "
+                                   f"{fit.dof} dof): not drawn")
     if finite(delta):
         ax.axhspan(-100 * delta, 100 * delta, color=BAND, zorder=0,
                    label=f"±δ = ±{delta:.1%}: smallest resolvable")
@@ -413,6 +298,57 @@ def gather(src: Sources) -> dict[str, Any]:
     return src.measured["bench"]
 
 
+COLUMNS = ("N", "comparison", "time ratio", "95% interval", "repeats", "block")
+
+
+def panel_rows(rows: list[Mapping[str, Any]]) -> tuple[tuple[str, ...], ...]:
+    """Two table rows per N (cosine / scaled_dot, then the noise floor): the ratio, its
+    interval, the repeats ("budget" where the time budget ended them before the target width)
+    and the interval's block length in repeats ("—" in older evidence)."""
+    out = []
+    for r in sorted(rows, key=lambda r: r["n"]):
+        for key, name in (("cosine", "cosine / scaled_dot"), ("floor", "scaled_dot / itself")):
+            e = r[key]
+            span = (f"[{e['lo']:.3f}, {e['hi']:.3f}]" if finite(e.get("lo")) and finite(e.get("hi"))
+                    else "—")
+            repeats = f"{e['n']}{'' if e['converged'] else ' (budget)'}"
+            out.append((str(r["n"]), name, f"{e['ratio']:.3f}", span, repeats,
+                        str(e.get("block") or "—")))
+    return tuple(out)
+
+
+def panels(entry: Entry) -> list[Panel]:
+    """The timing table: cosine / scaled_dot and the noise floor at each N, from the entry's
+    evidence; its note says how the intervals were made and whether the fit a + b/N is read."""
+    ev = entry.get("evidence") or {}
+    if not ev.get("rows"):
+        return []
+    fit = Fit.model_validate(ev["fit"]) if ev.get("fit") else None
+    unread = unread_text(fit)
+    reading = fit_text(fit) or (f"{unread}, so each N is read as measured" if unread
+                                else "no fit a + b/N (fewer than 2 N)")
+    note = ("Forward+backward time on CPU, geometric mean over interleaved repeats; 95% "
+            "intervals from a moving-block bootstrap over consecutive repeats (block: its "
+            "length in repeats, 1 = repeats taken as independent). The noise floor times "
+            f"scaled_dot against itself the same way. {reading[0].upper()}{reading[1:]}.")
+    return [Panel("Speed: cosine against scaled dot product", COLUMNS,
+                  panel_rows(ev["rows"]), note)]
+
+
+def says_alternatives(entry: Entry) -> list[str]:
+    """Cosine's extra CPU time at each N measured, with its interval, and the margin below
+    which this machine cannot tell an overhead from none."""
+    numbers = entry.get("numbers") or {}
+    by_n = numbers.get("by_n") or {}
+    if not by_n:
+        return []
+    cost = ", ".join(f"{ratio_text(by_n[n]['ratio'], by_n[n].get('lo'), by_n[n].get('hi'))} "
+                     f"at N = {n}" for n in sorted(by_n, key=int))
+    delta = numbers.get("delta")
+    floor = f"; the noise floor on this machine is ±{delta:.1%}" if finite(delta) else ""
+    return [f"Cosine attention's extra time on CPU (forward + backward): {cost}{floor} (C5)."]
+
+
 def scale(p: Preset) -> str:
     """One CPU thread, the N measured and the least number of repeats."""
     bench = p.bench
@@ -424,6 +360,6 @@ CLAIM = register(Claim(
     id="C5", text="Cosine similarity adds computational overhead.",
     measures="interleaved timing ratios against a noise floor, N = 256 to 4096", rule=RULE,
     evidence=Evidence, gather=gather, judge=judge, draw=draw,
-    measurements=(Measurement("bench", lambda p: dict(p.bench),
+    measurements=(Measurement("bench", lambda p: {**p.bench, "interval": overhead.INTERVAL},
                               lambda p: overhead.overhead_study(**p.bench)),),
-    scale=scale))
+    scale=scale, panels=panels, says=(Says("alternatives", says_alternatives, rank=40),)))

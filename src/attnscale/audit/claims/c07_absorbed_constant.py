@@ -6,6 +6,11 @@ attention whose q and k projections have init × c, Adam LR × c, Adam ε ÷ c a
 that reads the scaled model's norm IS scaled attention, step for step
 (:func:`attnscale.lab.identity.absorbed_identity`, checked in float64); the question left is
 whether the LR grid alone absorbs the constant: plain dot at its own tuned LR against scaled.
+
+Read the other way, the identity says what the scale is: a per-layer learning rate and init for
+W_q and W_k. Dropping 1/√d_k is keeping it with W_q's and W_k's init and Adam LR × d_k^(1/4)
+(Adam's ε ÷ d_k^(1/4), the clip matched), √d_k on the logits; the sentences print that factor at
+every d_k of the study (:func:`per_layer_lr`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 from pydantic import Field
 
 from attnscale.audit import figure_text as T
-from attnscale.audit.claim import Claim, Figure, Measurement, Sources, register
+from attnscale.audit.claim import Claim, Figure, Measurement, Says, Sources, register
 from attnscale.audit.compare import family
 from attnscale.audit.evidence import HeadDim, Model, head_dim_evidence
 from attnscale.audit.figures import fig_head_dim
@@ -105,6 +110,23 @@ def check_identity(ev: Evidence) -> list[IdentityRun]:
     return ev.identity.exact
 
 
+def factors(dks: list[int]) -> str:
+    """``× 2, 2.83 at d_k = 16, 64 (√d_k = 4, 8 on the logits)``: the per-matrix factor
+    d_k^(1/4) and its square on the logits."""
+    per = ", ".join(f"{d ** 0.25:.3g}" for d in dks)
+    logit = ", ".join(f"{d ** 0.5:.3g}" for d in dks)
+    return f"× {per} at d_k = {', '.join(map(str, dks))} (√d_k = {logit} on the logits)"
+
+
+def per_layer_lr(dks: list[int]) -> str:
+    """The identity read as what the scale is: a per-layer LR and init for W_q and W_k."""
+    return (f"So the scale is a per-layer learning rate and init for W_q and W_k: dropping "
+            f"1/√d_k is exactly keeping it with W_q's and W_k's init and Adam LR "
+            f"{factors(dks)}, with Adam's ε ÷ d_k^(1/4) and the clip matched. What dropping it "
+            f"changes is the effective LR and init of those two layers; whether one LR shared "
+            f"by every layer absorbs that is what the study tests.")
+
+
 def identity_text(runs: list[IdentityRun], partial: list[IdentityRun]) -> str:
     """How closely the identity held, and how far the uncorrected arms drift."""
     ident = (f"the identity held to {max(r.max_loss_diff for r in runs):.1g} nats over "
@@ -137,7 +159,7 @@ def judge(ev: Evidence) -> Verdict:
         INCONCLUSIVE: f"Undecided whether the LR alone absorbs it: the intervals are too wide "
                       f"(at d_k={big}: {d_.mean:+.3f} nats, {d_.reading}).",
     }[verdict]
-    plain = [first, f"The reparametrization is exact: {ident}."]
+    plain = [first, f"The reparametrization is exact: {ident}.", per_layer_lr(ev.head_dims)]
     plain += [f"With {init} init plain dot is {c[big].mean:+.3f} nats from scaled_dot at "
               f"d_k={big} ({c[big].reading})." for init, c in
               ((i, gaps(ev, i)) for i in ev.inits if i != UNIT)]
@@ -160,10 +182,25 @@ def gather(src: Sources) -> dict[str, Any]:
     return {**src.study("head_dim", head_dim_evidence), "identity": src.measured["identity"]}
 
 
+def says_scale(e: dict[str, Any]) -> list[str]:
+    """The float64 identity read as what the scale is: a per-layer LR and init for W_q, W_k,
+    with the factor at every d_k the identity was checked at."""
+    ident = e["numbers"].get("identity") or []
+    if not ident:
+        return []
+    dks = sorted({int(r["d_k"]) for r in ident})
+    return [f"The scale is a per-layer learning rate and init for W_q and W_k: dropping 1/√d_k "
+            f"is exactly keeping it with their init and Adam LR {factors(dks)}, Adam's ε and "
+            f"the clip matched; in float64 the two trained alike to "
+            f"{max(r['max_loss_diff'] for r in ident):.1g} nats (C7). So what dropping it "
+            f"changes is the effective LR and init of those two layers."]
+
+
 CLAIM = register(Claim(
     id="C7", text="Dropping the scaling would also keep magnitude information; why a constant "
     "√d_k?", measures="unscaled and scaled over d_k, both init regimes; the absorbed "
     "reparametrization checked exactly in float64", rule=RULE,
     evidence=Evidence, gather=gather, judge=judge, draw=draw, studies=("head_dim",),
     measurements=(Measurement("identity", lambda p: {"head_dims": list(p.head_dims),
-                                                     "steps": p.identity_steps}, measure),)))
+                                                     "steps": p.identity_steps}, measure),),
+    says=(Says("scale", says_scale, rank=30),)))

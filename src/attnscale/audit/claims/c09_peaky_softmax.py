@@ -6,6 +6,12 @@ Exact finite-n theory of the softmax of n i.i.d. N(0, s²) logits (the Random En
 Derrida 1981; critical scale s_c = √(2 ln n)), checked by Monte Carlo: supported when the
 normalized entropy falls monotonically with s and drops through 1/2 between s_c/2 and s_c for
 every n tested.
+
+Printed beside it, from the same measurement: at d_k = 64 over 512 keys the expected max weight
+unscaled (s = 8) and scaled (s = 1), and the measured norm of the gradient reaching q and k
+through attention without and with the scale (measured: larger without it, not smaller, so
+what dropping 1/√d_k costs at this size is frozen attention at init, not vanishing gradients;
+C10 says where gradients would vanish).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from attnscale.audit.claim import Claim, Figure, Measurement, Sources, register
+from attnscale.audit.claim import Claim, Figure, Measurement, Says, Sources, register
 from attnscale.audit.evidence import Model
 from attnscale.audit.figure_text import finite
 from attnscale.audit.studies import Preset
@@ -63,8 +69,9 @@ class Curve(Model):
 
 class Evidence(Model):
     """The exact curves, the largest |z| of theory against Monte Carlo, the expected max weight
-    over 512 keys at s = 8 (unscaled, d_k = 64) and s = 1 (scaled), and (context) the q, k
-    gradient norms through attention at d_k = 64, n = 512, unscaled and scaled."""
+    over 512 keys at s = 8 (unscaled, d_k = 64) and s = 1 (scaled), and the q, k gradient norms
+    ‖∂q‖ + ‖∂k‖ through attention at d_k = 64, n = 512, unscaled and scaled (printed, not
+    judged), with their ratio."""
 
     curves: list[Curve]
     max_abs_z: float
@@ -118,6 +125,31 @@ def measure(p: Preset) -> dict[str, Any]:
     }
 
 
+def gradient_words(ratio: float) -> str:
+    """``31× larger without the scale, not smaller`` (or ``2× smaller without the scale``) for
+    the unscaled-over-scaled q/k gradient norm ``ratio``."""
+    if ratio >= 1:
+        return f"{ratio:.2g}× larger without the scale, not smaller"
+    return f"{1 / ratio:.2g}× smaller without the scale"
+
+
+def cost(ratio: float) -> str:
+    """What dropping 1/√d_k costs at d_k = 64 over 512 keys, given the q/k gradient ratio."""
+    if ratio >= 1:
+        return ("attention frozen near one-hot on random keys at init, not vanishing "
+                "gradients")
+    return "attention frozen near one-hot on random keys at init, and smaller gradients"
+
+
+def mechanism(w_un: float, w_sc: float, ratio: float) -> str:
+    """The cost of dropping 1/√d_k at d_k = 64 over 512 keys, in one sentence: the frozen
+    share of the weight and the q/k gradient ``ratio`` (unscaled over scaled)."""
+    return (f"At d_k = 64 over 512 keys, unscaled logits (s = 8) put {w_un:.2f} of the weight "
+            f"on one key on average, scaled ones {w_sc:.3f}, and the gradient reaching q and k "
+            f"is {gradient_words(ratio)}: the cost of dropping 1/√d_k at this size is "
+            f"{cost(ratio)} (C10 says where gradients would vanish).")
+
+
 def judge(ev: Evidence) -> Verdict:
     """Softmax entropy against the logit scale s around s_c = √(2 ln n)."""
     ok_mc = ev.max_abs_z <= MAX_Z
@@ -130,18 +162,21 @@ def judge(ev: Evidence) -> Verdict:
     else:
         verdict = INCONCLUSIVE
     w_un, w_sc = ev.max_weight_unscaled_64_512, ev.max_weight_scaled_64_512
+    ratio = ev.grad_ratio_64
     plain = [f"{'Right' if verdict == SUPPORTED else 'Checked'}: entropy falls with the logit "
              f"scale s: {monotone}; it drops through half of ln n near s_c = √(2 ln n): {sharp}; "
              f"theory and Monte Carlo within {ev.max_abs_z:.1f} SE.",
-             f"At d_k = 64 over 512 keys, unscaled logits (s = 8) put {w_un:.2f} of the weight "
-             f"on one key on average, scaled ones {w_sc:.3f}.",
+             mechanism(w_un, w_sc, ratio),
              "The threshold grows only like √(ln n): longer contexts tolerate little more."]
+    numbers = {"max_weight_unscaled_64_512": w_un, "max_weight_scaled_64_512": w_sc,
+               "grad_ratio_64": ratio, "grad_norm": dict(ev.grad_norm)}
     return Verdict(verdict, RULE,
                    f"entropy monotone in s: {monotone}; sharp around s_c: {sharp}; max |z| "
                    f"theory vs MC {ev.max_abs_z:.2f}; at d_k=64, n=512 unscaled logits (s=8) "
-                   f"give max weight {w_un:.2f} vs {w_sc:.3f} scaled", headline=f"{verdict}: "
-                   f"max weight {w_un:.2f} unscaled vs {w_sc:.3f} scaled (d_k=64, n=512)",
-                   plain=plain, regime="n i.i.d. N(0, s²) logits",
+                   f"give max weight {w_un:.2f} vs {w_sc:.3f} scaled, and q/k gradient norms "
+                   f"{ratio:.3g}× the scaled ones", numbers, headline=f"{verdict}: max weight "
+                   f"{w_un:.2f} unscaled vs {w_sc:.3f} scaled, q/k gradients {ratio:.2g}× scaled "
+                   "(d_k=64, n=512)", plain=plain, regime="n i.i.d. N(0, s²) logits",
                    smallest="4 standard errors between theory and Monte Carlo")
 
 
@@ -168,6 +203,9 @@ def rem_alt(ev: Mapping[str, Any]) -> str:
     if finite(un) and finite(sc):
         text += (f" Over 512 keys, unscaled logits at d_k = 64 (s = 8) put {un:.2f} of the "
                  f"weight on one key on average; scaled ones (s = 1) put {sc:.3f}.")
+    if finite(ev.get("grad_ratio_64")):
+        text += (f" The gradient reaching q and k there is "
+                 f"{gradient_words(ev['grad_ratio_64'])}.")
     return text
 
 
@@ -220,10 +258,26 @@ def gather(src: Sources) -> dict[str, Any]:
     return src.measured["rem"]
 
 
+def says_scale(e: dict[str, Any]) -> list[str]:
+    """The mechanism, from the exact theory at d_k = 64 over 512 keys and the measured q/k
+    gradient norms (the frozen share alone when an older entry has no gradient ratio)."""
+    ev = e["evidence"]
+    w_un, w_sc = ev["max_weight_unscaled_64_512"], ev["max_weight_scaled_64_512"]
+    ratio = ev.get("grad_ratio_64")
+    if not finite(ratio):
+        return [f"The mechanism is exact (C9): at d_k = 64 over 512 keys, unscaled logits put "
+                f"{w_un:.2f} of the weight on one key on average, scaled ones {w_sc:.3f}."]
+    return [f"The mechanism is exact (C9): at d_k = 64 over 512 keys, unscaled logits put "
+            f"{w_un:.2f} of the weight on one key on average, scaled ones {w_sc:.3f}, and the "
+            f"gradient reaching q and k is {gradient_words(ratio)}. What dropping 1/√d_k costs "
+            f"here is {cost(ratio)}."]
+
+
 CLAIM = register(Claim(
     id="C9", text="Large dot products make the softmax peaky.",
     measures="entropy, max weight, effective keys vs scale, d_k and n", rule=RULE,
     evidence=Evidence, gather=gather, judge=judge, draw=draw,
     measurements=(Measurement("rem", lambda p: {"mc": p.mc_samples}, measure),),
     scale=lambda p: "exact theory of n i.i.d. Gaussian logits (n = 64–4096), checked by "
-                    "Monte Carlo"))
+                    "Monte Carlo",
+    says=(Says("scale", says_scale, rank=20),)))

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from attnscale.audit import figure_text as T
-from attnscale.audit.claim import Claim, Figure, Sources, register
+from attnscale.audit.claim import Claim, Figure, Says, Sources, register
 from attnscale.audit.compare import family
 from attnscale.audit.evidence import Arm, HeadDim, head_dim_evidence
 from attnscale.audit.figures import fig_head_dim
@@ -30,7 +30,8 @@ from attnscale.audit.verdicts import (
     SUPPORTED,
     Verdict,
 )
-from attnscale.lab.paired import EQUAL, GREATER, LESS
+from attnscale.audit.words import fx
+from attnscale.lab.paired import EQUAL, GREATER, LESS, NOT_MEASURABLE
 
 SLOPE_DELTA = 0.01  # nats per doubling of d_k
 RULE = ("Same study, unit-variance regime. Supported if dot − scaled_dot clipped loss at the "
@@ -82,7 +83,8 @@ def judge(ev: HeadDim) -> Verdict:
     ctx = "; ".join(f"{init}: {gap_text(c)}" for init, c in other.items())
     how = {EQUAL: "the small init keeps unscaled logits small there",
            LESS: "unscaled is better there", GREATER: "the gap shows there too",
-           INCONCLUSIVE: "undecided there"}
+           INCONCLUSIVE: "undecided there",
+           NOT_MEASURABLE: "the two arms trained identically there"}
     last_line = {
         SUPPORTED: "So the paper's suspicion holds in its own regime: without 1/√d_k the loss "
                    "gap grows with d_k.",
@@ -117,8 +119,43 @@ def gather(src: Sources) -> dict[str, Any]:
     return src.study("head_dim", head_dim_evidence)
 
 
+def says_scale(e: dict[str, Any]) -> list[str]:
+    """What 1/√d_k buys, and in which regime: the gap at the largest d_k, then each context."""
+    gaps, slope = e["numbers"]["gaps"], e["numbers"]["slope"]
+    big = max(gaps, key=int)
+    g = gaps[big]
+    lead = {SUPPORTED: f"costs {fx(g)} of eval loss at d_k = {big}, and {slope['mean']:+.3f} "
+                       f"nats more per doubling of d_k",
+            DEPENDS: f"costs {fx(g)} at d_k = {big}, but the cost did not grow with d_k",
+            REFUTED: f"cost nothing we could measure up to d_k = {big} ({fx(g)})",
+            INCONCLUSIVE: f"had a cost we could not decide ({fx(g)} at d_k = {big})"}
+    out = [f"Where Vaswani et al.'s argument applies (q and k with unit-variance components), "
+           f"dropping 1/√d_k {lead[e['verdict']]} (C13)."]
+    for init, gs in e["numbers"].get("context", {}).items():
+        if big in gs and gs[big].get("n"):
+            how = {EQUAL: "no measurable cost: the small init already keeps q·k small",
+                   GREATER: "a cost there too, though the small init starts q·k far below 1",
+                   LESS: "unscaled is better there"}.get(gs[big]["reading"], "undecided")
+            out.append(f"With {'GPT-2' if init == 'gpt2' else init} init (weights of std 0.02) "
+                       f"the gap at d_k = {big} is {fx(gs[big])}: {how}.")
+    return out
+
+
+def says_answer(e: dict[str, Any]) -> list[str]:
+    """Keep the scale or not, in one sentence from the verdict."""
+    return [{SUPPORTED: "Keep 1/√d_k, or something that does its job (QK-norm, a tuned "
+                        "temperature): with q and k of unit-variance components at init, "
+                        "dropping it costs loss, and more the larger d_k (C13).",
+             DEPENDS: "Keep 1/√d_k: without it the loss was worse at large d_k, though the gap "
+                      "did not grow with d_k here (C13).",
+             REFUTED: "At this scale dropping 1/√d_k cost nothing measurable (C13).",
+             INCONCLUSIVE: "Whether dropping 1/√d_k costs loss was not decided at this scale "
+                           "(C13)."}[e["verdict"]]]
+
+
 CLAIM = register(Claim(
     id="C13", text="(Paper) For large d_k unscaled attention underperforms; 1/√d_k "
     "counteracts it.", measures="unscaled vs scaled over d_k: the gap and its slope",
     rule=RULE, evidence=HeadDim, gather=gather, judge=judge, draw=draw,
-    studies=("head_dim",)))
+    studies=("head_dim",),
+    says=(Says("answer", says_answer, rank=10), Says("scale", says_scale, rank=10))))

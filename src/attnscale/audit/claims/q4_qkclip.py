@@ -1,25 +1,40 @@
-"""Q4: "Can QK-Clip stand in for 1/√d_k?" (beyond the thread: Kimi K2's QK-Clip, Kimi Team
-2025, arXiv:2507.20534, rescales a head's W_q and W_k after each optimizer step once its max
-logit passes τ = 100; :mod:`attnscale.integrations.qkclip`).
+"""Q4: "Is QK-Clip free on top of 1/√d_k, as Kimi K2 uses it, and can it stand in for 1/√d_k?"
+(beyond the thread: Kimi Team 2025, "Kimi K2: Open Agentic Intelligence", arXiv:2507.20534,
+§2.1, MuonClip; :mod:`attnscale.integrations.qkclip`).
 
-Read from the text LR sweep at two widths: unscaled dot with QK-Clip at τ = 100 against scaled
-dot, paired per seed on clipped loss (each arm at its LR chosen leave-one-seed-out), Holm over
-the widths. Against plain dot and QK-LayerNorm as context, each kind its own Holm family.
+QK-Clip: after each optimizer step, a head h whose largest logit S_h on the step's batch passed
+τ has W_q[h] and W_k[h] scaled by √γ_h with γ_h = min(1, τ/S_h), so its logits shrink by γ_h.
+K2 keeps 1/√d_k and adds the clip on top (τ = 100). Q4 asks it that way round:
+
+* (a) on top of scaled dot: scaled_qkclip τ − scaled_dot clipped loss is no worse (within δ);
+* (b) on plain dot, in place of 1/√d_k: dot_qkclip τ − scaled_dot is no worse AND
+  dot_qkclip τ − dot is less (the clip recovers the unscaled gap).
+
+Its own training study ("qkclip", :func:`build`) trains the four clipped arms in the head_dim
+study's setting where unscaled dot is worst (C13: unit-variance q, k at init, one head, the
+largest d_k, 256 in the standard preset), at τ = 10 and 30, which bind there (τ = 100 did not
+bind in the text LR sweep). scaled_dot and dot are read from the head_dim study's same cell:
+the same configs would have the same run ids, so a second study could not own them
+(:func:`attnscale.lab.sweep.config_id`), and they are the same runs either way.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from attnscale.audit.claim import Claim, Figure, Sources, register
-from attnscale.audit.compare import family
-from attnscale.audit.evidence import LRText, lr_text_evidence
-from attnscale.audit.figure_text import n_seeds
+import numpy as np
+
+from attnscale.audit.claim import Claim, Figure, Says, Sources, Training, register
+from attnscale.audit.compare import family, undecided
+from attnscale.audit.evidence import Arm, Model, Run, arms_table, clip_acted, head_dim_evidence
+from attnscale.audit.figure_text import finite, n_seeds
 from attnscale.audit.figures import fig_forest
-from attnscale.audit.interval import Comparison
-from attnscale.audit.sweep_readings import divergence_counts, sweep_regime
+from attnscale.audit.interval import Comparison, Interval
+from attnscale.audit.selection import cell_label, cells
+from attnscale.audit.studies import TEXT, Preset, Study, schedule
 from attnscale.audit.verdicts import (
     DEPENDS,
     INCONCLUSIVE,
@@ -28,108 +43,335 @@ from attnscale.audit.verdicts import (
     REFUTED,
     SUPPORTED,
     Verdict,
-    aggregate,
 )
+from attnscale.audit.words import fx
 
-ARM = "dot_qkclip"  # unscaled dot, QK-Clip at τ = 100 (attnscale.audit.studies.VARIANTS)
-CONTEXT = ("dot", "qk_layernorm")  # what the clip is also compared with, outside the rule
-RULE = ("Unscaled dot with QK-Clip (τ = 100, Kimi K2) against scaled_dot at each width of the "
-        "LR sweep: paired per-seed differences of clipped loss, each arm at its LR chosen "
-        "leave-one-seed-out, Holm over the widths. It stands in at a width if its loss is no "
-        "worse (non-inferior within δ) and fails there if it is worse by more than δ; a width "
-        "where the clip never acted at the arm's chosen LRs is undecided (the arm was plain "
-        "dot there). "
-        "Supported if it stands in at every width; refuted if it fails at every width; "
-        "depends if it stands in at some and fails at others; inconclusive otherwise. "
-        "Against plain dot and QK-LayerNorm as context, not part of the verdict")
-ANSWERS = {SUPPORTED: "Yes: no worse than scaled dot at every width",
-           REFUTED: "No: worse than scaled dot at every width",
-           DEPENDS: "At some widths only",
-           INCONCLUSIVE: "Not decided: at some width the clip never acted at the LRs chosen, "
-                         "or its arm was shown neither no worse nor worse than scaled dot"}
-WORDS = {"greater": "higher loss, by more than δ", "less": "lower loss, by more than δ",
-         "equal": "within ±δ", INCONCLUSIVE: "undecided"}
+STUDY = "qkclip"
+SCALED, DOT = "scaled_dot", "dot"
+TAUS = (10, 30)  # τ of the clipped arms (attnscale.audit.studies.VARIANTS)
+CLIP_ARMS = ("scaled_qkclip10", "scaled_qkclip30", "dot_qkclip10", "dot_qkclip30")
+D_K = 256  # the head dimension of the standard preset's study
+# kind -> (the clipped arm's score, the arm it is compared with); Holm over τ within a kind
+KINDS = {"top": ("scaled", SCALED), "stand": ("dot", SCALED), "recover": ("dot", DOT)}
+NEVER = "the clip never acted in any reported run"
+IDLE, PARTIAL, HOLDS, FAILS, OPEN = "idle", "partial", "holds", "fails", "open"
 
-Evidence = LRText  # the text LR study (evidence.lr_text_evidence), typed
-
-
-def q4_family(ev: LRText) -> dict[str, Comparison]:
-    """Per width: dot_qkclip − scaled_dot (the rule's, Holm over widths), and dot_qkclip − dot,
-    dot_qkclip − qk_layernorm (context, each kind Holm over widths)."""
-    pairs, groups = {}, {}
-    for base in ("scaled_dot", *CONTEXT):
-        for w, row in ev.loss.items():
-            if ARM in row:
-                pairs[f"{w}: {ARM} − {base}"] = (row[ARM], row.get(base))
-                groups.setdefault(base, []).append(f"{w}: {ARM} − {base}")
-    return family(pairs, LOSS_DELTA, holm_over=list(groups.values())) if pairs else {}
+RULE = ("Own study in C13's setting where unscaled dot is worst: one head at the preset's "
+        "largest d_k (256 in the standard preset), q, k of unit variance at init, each arm at "
+        "its LR tuned on one tuning seed; QK-Clip at τ = 10 and 30. Paired per-seed "
+        "differences of clipped loss, δ = 0.02 nats. (a) As Kimi K2 uses it, on top of scaled "
+        "dot: scaled_qkclip τ − scaled_dot no worse (non-inferior). (b) On plain dot, in place "
+        "of 1/√d_k: dot_qkclip τ − scaled_dot no worse AND dot_qkclip τ − dot less. A τ binds "
+        "for an arm when the clip acted in every reported run of it; a comparison whose clip "
+        "acted in no run is not measurable (the clip never acted), one whose clip acted in "
+        "some runs only is shown but decides nothing. Holm over τ within each kind of "
+        "comparison (the rule asks whether SOME τ works). Supported if at some τ that binds "
+        "for both clipped arms (a) and (b) hold; refuted if the clip on plain dot binds at "
+        "some τ and at every such τ dot_qkclip − scaled_dot reads greater; inconclusive "
+        "otherwise (this rule never reads depends)")
+ANSWERS = {SUPPORTED: "Yes, where it binds: free on top of 1/√d_k, and on plain dot as good "
+                      "as scaled dot",
+           REFUTED: "No: wherever it bound, QK-Clip on plain dot was worse than scaled dot",
+           DEPENDS: "(not a reading of this rule)",
+           INCONCLUSIVE: "Not decided: at no τ where the clip bound in every run did both "
+                         "halves hold, and on plain dot it was not worse at every such τ"}
 
 
-def clip_acted(ev: LRText, width: str) -> bool:
-    """Whether QK-Clip acted in some run of the clipped arm at one of the LRs its reported
-    seeds were read at (the sweep's ``clipped_by_lr``); False when that is not recorded."""
-    arm, sweep = ev.loss.get(width, {}).get(ARM), ev.sweep.get(width, {}).get(ARM)
-    if arm is None or sweep is None:
-        return False
-    return any(sweep.clipped_by_lr.get(str(lr), 0.0) > 0 for lr in set(arm.lrs.values()))
+def head_dim_of(p: Preset) -> int:
+    """The study's d_k (= d_model, one head): 256, or the preset's largest head dimension where
+    256 is not one of them (the tests' tiny and quick presets)."""
+    return D_K if D_K in p.head_dims else p.head_dims[-1]
 
 
-def stands_in(ev: LRText, comps: Mapping[str, Comparison]) -> dict[str, str]:
-    """width -> "idle" (the clip never acted at the chosen LRs: the arm was plain dot there),
-    "holds" (no worse than scaled_dot), "fails" (worse by more than δ) or INCONCLUSIVE
-    (neither shown, or the arm is missing)."""
-    out = {}
-    for w in ev.loss:
-        c = comps.get(f"{w}: {ARM} − scaled_dot")
-        out[w] = (INCONCLUSIVE if c is None else "idle" if not clip_acted(ev, w) else
-                  "holds" if c.no_worse() else "fails" if c.greater() else INCONCLUSIVE)
-    return out
+def build(p: Preset) -> Study:
+    """Q4's training study: the clipped arms in the head_dim study's text setting (one head,
+    d_model = d_k, unit init), LR tuned on the first tuning seed over ``p.tuned_lrs``."""
+    return Study(STUDY, {**TEXT, **schedule(p.steps), "n_heads": 1}, CLIP_ARMS, p.tuned_lrs,
+                 p.seeds, cells={"init": ("unit",), "d_model": (head_dim_of(p),)},
+                 lr_choice="tuned", tune_seeds=p.tune_seeds[:1])
 
 
-def sentences(comps: Mapping[str, Comparison], marks: Mapping[str, str]) -> list[str]:
-    """One sentence per width from the rule's reading, one per context comparison."""
-    said = {"holds": "is no worse than scaled_dot (within δ or better)",
-            "fails": "is worse than scaled_dot by more than δ",
-            INCONCLUSIVE: "is neither shown no worse nor worse than scaled_dot",
-            "idle": "never clipped a head at the LRs chosen for it, so there it trained as "
-                    "plain dot and says nothing of the clip"}
-    out = [f"{w}: dot with QK-Clip {said[m]}." for w, m in marks.items()]
-    for key, c in comps.items():
-        if not key.endswith("scaled_dot"):
-            base = key.rsplit(" − ", 1)[1]
-            out.append(f"{key.split(':')[0]}: against {base}, {WORDS[c.reading]} (context).")
-    return out
+class Evidence(Model):
+    """Per arm in the study's one cell: the clipped loss per reported seed (scaled_dot and dot
+    from the head_dim study's same cell), and for the clipped arms whether the clip acted
+    (1 or 0) and how many (step, head) clips it made, per seed at the same LR."""
+
+    loss: dict[str, Arm]
+    acted: dict[str, Arm]
+    clips: dict[str, Arm]
+    d_k: int
+    steps: int
+    n_layers: int
 
 
-def judge(ev: LRText) -> Verdict:
-    """Q4: does unscaled dot with QK-Clip match scaled_dot's loss, per width."""
-    comps = q4_family(ev)
-    marks = stands_in(ev, comps)
-    verdict = aggregate(list(marks.values()), {"holds"}, {"fails"})
-    regime = (sweep_regime(ev, divergence_counts(ev)) + "; QK-Clip at τ = 100 acts only on "
-              "heads whose max |logit| on the step's batch passes 100, so at LRs where none "
-              "does the arm trains as plain dot")
-    return Verdict(verdict, RULE, "; ".join(f"{k}: {c.effect('nats')}" for k, c in comps.items()),
-                   comps, headline=f"{verdict}: " + "; ".join(f"{w}: {m}"
-                                                              for w, m in marks.items()),
-                   plain=sentences(comps, marks), regime=regime, smallest=LOSS_WHY)
+def clip_count(run: Run) -> float:
+    """The (step, head) clips QK-Clip made in the run (its history rows' ``qk_clipped``)."""
+    return float(sum(row.get("qk_clipped") or 0 for row in run.get("history") or []))
 
 
-def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> list[Figure]:
-    """The forest plot of the paired loss differences dot_qkclip − each arm, with ±δ."""
-    title = (f"Q4: dot + QK-Clip (τ = 100) − other arms, char-level text, {n_seeds(numbers)} "
-             "seeds, mean and 95% CI")
-    return [fig_forest(dict(numbers), folder, "q4_effects", title, "nats",
-                       "Unscaled dot with QK-Clip minus scaled dot, plain dot, QK-LayerNorm")]
+def qkclip_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
+    """The study's one cell: per arm the clipped loss, whether the clip acted
+    (:func:`attnscale.audit.evidence.clip_acted`) and its clip count, per reported seed."""
+    label = cell_label(cells(study)[0])
+    tables = {"loss": arms_table(study, runs),
+              "acted": arms_table(study, runs, lambda r: float(clip_acted(r))),
+              "clips": arms_table(study, runs, clip_count)}
+    return {k: t.get(label, {}) for k, t in tables.items()}
 
 
 def gather(src: Sources) -> dict[str, Any]:
-    """The text LR study's evidence (:func:`attnscale.audit.evidence.lr_text_evidence`)."""
-    return src.study("lr_text", lr_text_evidence)
+    """The clipped arms from Q4's study, scaled_dot and dot from the head_dim study's cell of
+    the same (init, d_k)."""
+    study = src.studies[STUDY]
+    mine = src.study(STUDY, qkclip_evidence)
+    base = src.study("head_dim", head_dim_evidence)["loss"].get(cell_label(cells(study)[0]), {})
+    return {"loss": {**{a: base[a] for a in (SCALED, DOT) if a in base}, **mine["loss"]},
+            "acted": mine["acted"], "clips": mine["clips"],
+            "d_k": study.cells["d_model"][0], "steps": study.base["steps"],
+            "n_layers": study.base["n_layers"]}
+
+
+def clip_arm(score: str, tau: int) -> str:
+    """The clipped arm of ``score`` ("scaled" or "dot") at ``tau``."""
+    return f"{score}_qkclip{tau}"
+
+
+def key(kind: str, tau: int) -> str:
+    """A comparison's name: ``τ=10: dot_qkclip10 − scaled_dot``."""
+    score, base = KINDS[kind]
+    return f"τ={tau}: {clip_arm(score, tau)} − {base}"
+
+
+def acted(ev: Evidence, arm: str) -> tuple[int, int] | None:
+    """(reported runs the clip acted in, reported runs) of a clipped arm; None when unknown."""
+    a = ev.acted.get(arm)
+    if a is None or not a.values:
+        return None
+    return sum(v > 0 for v in a.values.values()), len(a.values)
+
+
+def binding(ev: Evidence, arm: str) -> str:
+    """"every", "some" or "none" of the arm's reported runs had the clip act ("unknown": not
+    recorded)."""
+    k = acted(ev, arm)
+    return "unknown" if k is None else "none" if k[0] == 0 else "every" if k[0] == k[1] else "some"
+
+
+def q4_family(ev: Evidence) -> dict[str, Comparison]:
+    """Every comparison of the rule, by τ: a clipped arm whose clip never acted is not read
+    (undecided, :data:`NEVER`); the others are read with Holm over τ within each kind."""
+    pairs, groups, idle = {}, {}, []
+    for kind, (score, base) in KINDS.items():
+        for tau in TAUS:
+            arm, k = clip_arm(score, tau), key(kind, tau)
+            if binding(ev, arm) == "none":
+                idle.append(k)
+                continue
+            pairs[k] = (ev.loss.get(arm), ev.loss.get(base))
+            groups.setdefault(kind, []).append(k)
+    comps = family(pairs, LOSS_DELTA, holm_over=list(groups.values())) if pairs else {}
+    comps.update({k: undecided(NEVER, LOSS_DELTA) for k in idle})
+    return {key(kind, tau): comps[key(kind, tau)] for tau in TAUS for kind in KINDS}
+
+
+def marks(ev: Evidence, comps: Mapping[str, Comparison]) -> dict[int, tuple[str, str]]:
+    """τ -> (on top of scaled dot, on plain dot): "idle" (the clip never acted), "partial" (it
+    acted in some runs only: decides nothing), "holds", "fails" or "open" (undecided)."""
+    out = {}
+    for tau in TAUS:
+        top, stand, recover = (comps[key(k, tau)] for k in KINDS)
+        pair = []
+        for score, holds, fails in (("scaled", top.no_worse(), top.greater()),
+                                    ("dot", stand.no_worse() and recover.less(),
+                                     stand.greater())):
+            b = binding(ev, clip_arm(score, tau))
+            pair.append(IDLE if b == "none" else PARTIAL if b == "some" else
+                        HOLDS if holds and b == "every" else FAILS if fails and b == "every"
+                        else OPEN)
+        out[tau] = (pair[0], pair[1])
+    return out
+
+
+def verdict_of(m: Mapping[int, tuple[str, str]]) -> str:
+    """Supported if both halves hold at some τ; refuted if the clip on dot fails at every τ
+    where it binds (and binds somewhere); inconclusive otherwise."""
+    if any(x == (HOLDS, HOLDS) for x in m.values()):
+        return SUPPORTED
+    bound = [d for _, d in m.values() if d in (HOLDS, FAILS, OPEN)]
+    return REFUTED if bound and all(d == FAILS for d in bound) else INCONCLUSIVE
+
+
+def gap_of(ev: Evidence) -> Interval | None:
+    """The unscaled gap dot − scaled_dot per seed (C13's comparison at this d_k), as an
+    interval; None without three shared seeds."""
+    dot, scaled = ev.loss.get(DOT), ev.loss.get(SCALED)
+    seeds = sorted(set(dot.values) & set(scaled.values)) if dot and scaled else []
+    if len(seeds) < 3:
+        return None
+    return Interval.of([dot.values[s] - scaled.values[s] for s in seeds])
+
+
+def recovered(ev: Evidence, tau: int) -> float | None:
+    """The share of the unscaled gap the clip on dot recovered at ``tau``:
+    mean(dot − dot_qkclip) / mean(dot − scaled_dot) over the seeds all three share; None
+    where the clip never acted or the gap is within δ (nothing to recover)."""
+    arms = [ev.loss.get(a) for a in (DOT, clip_arm("dot", tau), SCALED)]
+    if any(a is None for a in arms) or binding(ev, clip_arm("dot", tau)) == "none":
+        return None
+    seeds = sorted(set.intersection(*(set(a.values) for a in arms)))
+    dot, clip, scaled = ([a.values[s] for s in seeds] for a in arms)
+    gap = float(np.mean(dot)) - float(np.mean(scaled)) if seeds else math.nan
+    if not gap > LOSS_DELTA:
+        return None
+    return (float(np.mean(dot)) - float(np.mean(clip))) / gap
+
+
+def acted_numbers(ev: Evidence) -> dict[str, dict[str, Any]]:
+    """arm -> {"runs": runs the clip acted in, "of": reported runs, "clips_per_run"}."""
+    out = {}
+    for arm in CLIP_ARMS:
+        k, clips = acted(ev, arm), ev.clips.get(arm)
+        if k is not None:
+            per_run = float(np.mean(list(clips.values.values()))) if clips and clips.values \
+                else math.nan
+            out[arm] = {"runs": k[0], "of": k[1], "clips_per_run": per_run}
+    return out
+
+
+TOP_SAID = {HOLDS: "no worse than scaled dot (within δ)",
+            FAILS: "worse than scaled dot by more than δ",
+            OPEN: "neither shown no worse nor worse than scaled dot",
+            PARTIAL: "read, but the clip did not act in every run, so this τ decides nothing"}
+DOT_SAID = {HOLDS: "it stands in for 1/√d_k there",
+            FAILS: "worse than scaled dot by more than δ: it does not stand in there",
+            OPEN: "not shown to stand in for 1/√d_k nor to fall short",
+            PARTIAL: "read, but the clip did not act in every run, so this τ decides nothing"}
+
+
+def tau_sentences(ev: Evidence, comps: Mapping[str, Comparison], tau: int,
+                  m: tuple[str, str]) -> list[str]:
+    """What the clip did at ``tau``, on top of scaled dot and on plain dot."""
+    nums, out = acted_numbers(ev), []
+    for score, mark in zip(("scaled", "dot"), m, strict=True):
+        arm = clip_arm(score, tau)
+        where = "on top of scaled dot" if score == "scaled" else "on plain dot"
+        a = nums.get(arm)
+        if a is None:
+            out.append(f"τ = {tau} {where}: no record of the clip ({arm} has no runs).")
+            continue
+        if mark == IDLE:
+            out.append(f"τ = {tau} {where}: the clip never acted in any of {a['of']} runs, "
+                       f"so {arm} trained as the plain score and says nothing of the clip "
+                       "(not measurable).")
+            continue
+        head = (f"τ = {tau} {where}: the clip acted in {a['runs']} of {a['of']} runs "
+                f"({a['clips_per_run']:.0f} head clips per run)")
+        if score == "scaled":
+            c = comps[key("top", tau)]
+            out.append(f"{head}; {arm} − scaled_dot {c.effect('nats')}: {TOP_SAID[mark]}.")
+            continue
+        share = recovered(ev, tau)
+        rec = f", recovering {share:.0%} of the unscaled gap" if share is not None else ""
+        out.append(f"{head}; against scaled dot {comps[key('stand', tau)].effect('nats')}, "
+                   f"against plain dot {comps[key('recover', tau)].effect('nats')}{rec}: "
+                   f"{DOT_SAID[mark]}.")
+    return out
+
+
+LAST = {SUPPORTED: "So, used as Kimi K2 uses it, the clip cost nothing on top of 1/√d_k at a "
+                   "τ where it bound, and at that τ it stood in for 1/√d_k on plain dot.",
+        REFUTED: "So wherever the clip bound on plain dot, it was worse than scaled dot by "
+                 "more than δ: here it does not stand in for 1/√d_k.",
+        INCONCLUSIVE: "At no τ where both clipped arms bound in every run did both halves "
+                      "hold, and the clip on plain dot was not worse at every τ where it "
+                      "bound."}
+
+
+def caveat(ev: Evidence) -> str:
+    """What the study cannot show."""
+    return (f"What it cannot show: this is {ev.n_layers} layers of one head at d_k = "
+            f"{ev.d_k}, {ev.steps} steps of AdamW, with τ set where the clip binds at this "
+            "scale; K2 clips at τ = 100 under the Muon optimizer in a 1T-parameter model, where "
+            "the logit growth the clip guards against is Muon's.")
+
+
+def judge(ev: Evidence) -> Verdict:
+    """Q4: QK-Clip on top of scaled dot, and on plain dot in place of 1/√d_k, per τ."""
+    comps = q4_family(ev)
+    m = marks(ev, comps)
+    verdict = verdict_of(m)
+    gap = gap_of(ev)
+    plain = [s for tau in TAUS for s in tau_sentences(ev, comps, tau, m[tau])]
+    plain += [LAST[verdict], caveat(ev)]
+    nums = acted_numbers(ev)
+    because = "; ".join(f"{k}: {c.effect('nats')}" for k, c in comps.items())
+    because += "; clip acted: " + ", ".join(f"{a} {n['runs']}/{n['of']}" for a, n in nums.items())
+    numbers = {"comparisons": comps, "acted": nums, "d_k": ev.d_k,
+               "gap": gap.model_dump() if gap is not None else None,
+               "recovered": {str(t): recovered(ev, t) for t in TAUS}}
+    headline = f"{verdict}: " + "; ".join(f"τ={t}: on scaled dot {a}, on dot {d}"
+                                          for t, (a, d) in m.items())
+    regime = (f"q, k components of unit variance at init, d_k = {ev.d_k} (C13's regime, where "
+              "unscaled dot is worst); QK-Clip acts only on a head whose max |logit| on the "
+              "step's batch passes τ")
+    return Verdict(verdict, RULE, because, numbers, headline=headline, plain=plain,
+                   regime=regime, smallest=LOSS_WHY)
+
+
+def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> list[Figure]:
+    """The forest plot of the rule's comparisons with ±δ (none when the clip never acted)."""
+    names = {"top": "scaled+clip−scaled", "stand": "dot+clip−scaled", "recover": "dot+clip−dot"}
+    comps = {f"τ={t} {names[kind]}": numbers["comparisons"][key(kind, t)]
+             for t in TAUS for kind in KINDS}  # tick labels without spaces (figures.short)
+    if not any(finite(c.get("mean")) for c in comps.values()):
+        return []
+    title = (f"Q4: QK-Clip at d_k = {ev['d_k']}, unit init, char-level text, "
+             f"{n_seeds(comps)} seeds, mean and 95% CI")
+    return [fig_forest(comps, folder, "q4_effects", title, "nats",
+                       "QK-Clip on scaled dot minus scaled dot (scaled+clip−scaled), and on "
+                       "plain dot minus scaled dot and minus plain dot")]
+
+
+def says_when(e: dict[str, Any]) -> list[str]:
+    """QK-Clip as K2 uses it: per τ how often it acted and what it cost on top of scaled dot,
+    then how much of the unscaled gap it recovered on plain dot."""
+    nums = e["numbers"]
+    comps, acts, rec = nums["comparisons"], nums["acted"], nums["recovered"]
+    top, on_dot = [], []
+    for tau in TAUS:
+        a, c = acts.get(clip_arm("scaled", tau)), comps[key("top", tau)]
+        if a is not None:
+            top.append(f"τ = {tau} acted in {a['runs']} of {a['of']} runs" +
+                       (f" and cost {fx(c)}" if a["runs"] and finite(c.get("mean")) else ""))
+        a, c = acts.get(clip_arm("dot", tau)), comps[key("stand", tau)]
+        if a is None:
+            continue
+        if not a["runs"]:
+            on_dot.append(f"τ = {tau} never acted")
+        elif rec.get(str(tau)) is not None:
+            on_dot.append(f"τ = {tau} recovered {rec[str(tau)]:.0%} of the unscaled gap, "
+                          f"ending {fx(c)} from scaled dot")
+        else:
+            on_dot.append(f"τ = {tau} ended {fx(c)} from scaled dot")
+    if not top and not on_dot:
+        return []
+    return [f"QK-Clip, as Kimi K2 uses it (on top of 1/√d_k): at d_k = {nums['d_k']} with "
+            f"unit init, {'; '.join(top) or 'no run recorded'}; on plain dot "
+            f"{'; '.join(on_dot) or 'no run recorded'} (Q4)."]
+
+
+def scale(p: Preset) -> str:
+    """The one-line scale caveat: the study's size, and K2's."""
+    s = build(p)
+    return (f"{s.base['n_layers']} layers of one head, d_k = {s.cells['d_model'][0]}, unit "
+            f"init, {s.base['steps']} steps of AdamW, {len(s.seeds)} seeds (LR tuned on "
+            f"{len(s.tune_seeds)} other); K2: τ = 100, Muon, 1T parameters")
 
 
 CLAIM = register(Claim(
-    id="Q4", text="Can QK-Clip stand in for 1/√d_k?",
-    measures="unscaled dot with QK-Clip on the LR sweep at two widths", rule=RULE,
-    evidence=Evidence, gather=gather, judge=judge, draw=draw, studies=("lr_text",),
-    answers=ANSWERS))
+    id="Q4", text="Is QK-Clip free on top of 1/√d_k, as Kimi K2 uses it, and can it stand in "
+    "for 1/√d_k?",
+    measures="QK-Clip at τ = 10 and 30 on scaled and on plain dot, one head at the largest "
+    "d_k, unit init", rule=RULE, evidence=Evidence, gather=gather, judge=judge, draw=draw,
+    studies=("head_dim",), trains=(Training(STUDY, build),), scale=scale, answers=ANSWERS,
+    says=(Says("when", says_when, rank=25),)))

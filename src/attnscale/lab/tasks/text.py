@@ -99,7 +99,20 @@ class TextTask(Task):
         counts = torch.bincount(self.data[: self.n_train], minlength=self.vocab_size).double()
         p = counts[counts > 0] / counts.sum()
         self.unigram_bits = float(-(p * p.log2()).sum())
+        self.bigram_bits = self._bigram_bits()
         self.chance_level = math.log2(self.vocab_size)
+
+    def _bigram_bits(self) -> float:
+        """The bigram level: cross-entropy in bits/char of the eval part under the train part's
+        bigram model P(x_t | x_{t−1}) with add-one smoothing, H = −mean log₂ P(x_t | x_{t−1}).
+        A model that ends near it has learned character pairs and little beyond."""
+        v, train, held = self.vocab_size, self.data[: self.n_train], self.data[self.n_train:]
+        counts = torch.zeros(v * v, dtype=torch.float64)
+        counts.index_add_(0, train[:-1] * v + train[1:], torch.ones(len(train) - 1,
+                                                                     dtype=torch.float64))
+        counts = counts.view(v, v) + 1.0
+        logp = (counts / counts.sum(1, keepdim=True)).log2()
+        return float(-logp[held[:-1], held[1:]].mean())
 
     @staticmethod
     def _read(path: Path) -> str:
