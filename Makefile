@@ -10,7 +10,7 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 KERNELS := $(wildcard src/attnscale/*/csrc/*.cpp)
 
-.PHONY: test fuzz report lint bench clean
+.PHONY: test fuzz report report-deep lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ fuzz: $(STAMP)
 
 report: $(STAMP)
 	$(BIN)/attnscale report --standard --out report
+
+# the standard report plus the deep studies, in the same database (its runs are reused)
+report-deep: $(STAMP)
+	mkdir -p report && $(BIN)/attnscale report --deep --out report-deep --db report/results.db
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -17,6 +17,7 @@ from attnscale.audit.evidence import Model
 from attnscale.audit.schema import report_schema
 from attnscale.audit.studies import PRESETS, Study
 from attnscale.audit.verdicts import ERROR, SUPPORTED, MissingEvidence, Verdict
+from attnscale.lab.records import Run
 
 SCHEMA = report_schema()
 
@@ -135,8 +136,9 @@ STUDY = Study("s", {"steps": 10}, ("dot", "scaled_dot"), (0.1,), (1, 2),
               cells={"d_model": (32,)})
 
 
-def run(arm: str, seed: int, status: str = "done") -> dict[str, Any]:
-    return {"variant": arm, "status": status, "config": {"seed": seed, "d_model": 32}}
+def run(arm: str, seed: int, status: str = "done") -> Run:
+    return Run.from_row({"variant": arm, "status": status,
+                         "config": {"seed": seed, "d_model": 32}})
 
 
 def test_evidence_with_missing_runs_is_an_error_before_the_rule_runs():

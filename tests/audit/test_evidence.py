@@ -6,6 +6,7 @@ import pytest
 
 from attnscale.audit import evidence as E
 from attnscale.audit import measurements as M
+from attnscale.lab.records import Run
 from attnscale.lab.store import Store
 from attnscale.lab.sweep import config_id, resolve
 
@@ -69,8 +70,8 @@ def test_lr_sweep_sensitivity_and_instability_per_seed(store):
 
 def sweep_run(seed, lr, final, losses=(4.0,), status="done"):
     history = [{"step": i, "loss": x, "max_abs_logit": 1.0} for i, x in enumerate(losses)]
-    return {"status": status, "final_loss": final, "initial_loss": losses[0],
-            "config": {"seed": seed, "lr": lr}, "history": history}
+    return Run.from_row({"status": status, "final_loss": final, "initial_loss": losses[0],
+                         "config": {"seed": seed, "lr": lr}, "history": history})
 
 
 def test_a_deeper_single_minimum_is_not_read_as_lr_sensitivity():
@@ -103,15 +104,16 @@ def test_unstable_is_a_blow_up_not_under_training_or_a_large_logit():
     assert E.unstable(sweep_run(0, 1.0, 9.0, status="diverged"))
     assert E.unstable(sweep_run(0, 1.0, float("nan")))
     big = sweep_run(0, 0.1, 2.0, losses=(4.0, 2.0))
-    big["history"][-1]["max_abs_logit"] = 2e4  # the marker alone
+    big.history[-1]["max_abs_logit"] = 2e4  # the marker alone
     assert not E.unstable(big)
 
 
 def test_layer_stat_reads_init_and_last_rows():
-    run = {"history": [{"layers": [{"logit_std": 1.0}]}, {"layers": [{"logit_std": 3.0}]}]}
+    run = Run.from_row({"config": {}, "history": [{"layers": [{"logit_std": 1.0}]},
+                                                  {"layers": [{"logit_std": 3.0}]}]})
     assert E.layer_stat(run, "logit_std", 0) == 1.0
     assert E.layer_stat(run, "logit_std", -1) == 3.0
-    assert E.layer_stat({"history": []}, "logit_std", 0) is None
+    assert E.layer_stat(Run.from_row({"config": {}}), "logit_std", 0) is None
 
 
 def test_measurements_are_cached_in_the_store(tmp_path):

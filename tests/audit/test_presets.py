@@ -32,3 +32,40 @@ def test_seed_counts_out_of_range_or_unknown_are_refused_by_name():
         replace(PRESETS["standard"], seed_counts={"tau": 11})
     with pytest.raises(ValueError, match=r"seed_counts names \['taus'\]"):
         replace(PRESETS["standard"], seed_counts={"taus": 5})
+
+
+def test_the_text_sweep_decides_at_unit_init_with_gpt2_context_at_the_widest_width():
+    plan = studies(PRESETS["standard"])
+    assert plan["lr_text"].cells == {"init": ("unit",), "d_model": (32, 128)}
+    assert plan["lr_text_gpt2"].cells == {"init": ("gpt2",), "d_model": (128,)}
+    assert set(plan["lr_text_gpt2"].arms) <= set(plan["lr_text"].arms)
+    assert plan["lr_text_gpt2"].seeds == plan["lr_text"].seeds
+    assert plan["tau_n64"].seeds == tuple(range(6)) and plan["tau_n64"].cells == {
+        "seq_len": (64,)}
+
+
+def test_the_deep_studies_run_only_in_the_deep_preset():
+    standard, deep = studies(PRESETS["standard"]), studies(PRESETS["deep"])
+    for name in ("long_text", "unstable"):
+        assert standard[name].seeds == ()  # planned, never run
+        assert deep[name].seeds
+    assert deep["long_text"].base["steps"] == 1500 and deep["unstable"].base["steps"] == 1000
+    assert {"scaled_dot_noclip", "dot_noclip"} <= set(deep["unstable"].arms)
+    # every other study is the standard one, so a deep report reuses a standard report's runs
+    assert {k: v for k, v in deep.items() if k not in ("long_text", "unstable")} == \
+        {k: v for k, v in standard.items() if k not in ("long_text", "unstable")}
+
+
+def test_no_two_studies_share_a_run():
+    """A run's id is its config's hash and is stored under the first study that trains it, so
+    two studies sharing a config would leave the second one missing runs."""
+    from attnscale.audit.claim import training_plan
+    from attnscale.audit.running import grid_spec
+    from attnscale.lab.sweep import expand
+
+    plan = training_plan(PRESETS["deep"])
+    owner: dict[str, str] = {}
+    for name, study in plan.items():
+        spec = grid_spec(study, study.tune_seeds + study.seeds, study.lrs)
+        for point in expand(spec):
+            assert owner.setdefault(point.id, name) == name, (name, owner[point.id])

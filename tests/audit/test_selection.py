@@ -14,6 +14,7 @@ from attnscale.audit import selection as S
 from attnscale.audit.evidence import missing_runs
 from attnscale.audit.running import StudyRunner, study_runs
 from attnscale.audit.studies import PRESETS, Study, studies
+from attnscale.lab.records import Run
 from attnscale.lab.store import Store
 
 L0 = 5.0
@@ -21,9 +22,10 @@ LRS = (1e-3, 1e-2, 1e-1, 1.0)
 
 
 def run(seed, lr, loss, arm="dot", status="done", loss0=L0, **cell):
-    """A stored run dict as the runner writes it (final loss, loss at init)."""
-    return {"status": status, "variant": arm, "final_loss": loss, "initial_loss": loss0,
-            "final_metric": 1.0 - loss / 10, "config": {"seed": seed, "lr": lr, **cell}}
+    """A stored run as the runner writes it (final loss, loss at init), as a record."""
+    return Run.from_row({"status": status, "variant": arm, "final_loss": loss,
+                         "initial_loss": loss0, "final_metric": 1.0 - loss / 10,
+                         "config": {"seed": seed, "lr": lr, **cell}})
 
 
 def grid_runs(table, arm="dot", **cell):
@@ -134,7 +136,7 @@ def test_arm_values_reads_a_cell_and_a_custom_value():
             + grid_runs({s: {1e-2: 0.1} for s in range(5)}, arm="scaled_dot", init="unit",
                         d_model=64))
     st = study(cells={"init": ("gpt2", "unit"), "d_model": (64,)})
-    v = S.arm_values(st, runs, cell, "dot", value=lambda r: r["final_metric"])
+    v = S.arm_values(st, runs, cell, "dot", value=lambda r: r.final_metric)
     assert v.values[0] == pytest.approx(1 - 2.0 / 10) and v.values[1] == pytest.approx(0.79)
     assert S.arm_values(st, runs, cell, "dot").values[1] == pytest.approx(2.1)
 
@@ -301,13 +303,13 @@ def test_the_runner_trains_the_reported_seeds_at_the_runner_up(tmp_path):
     for arm in st.arms:
         assert S.reported_lrs(st, runs, (), arm) == (
             S.tuned_choice([r for r in runs if S.in_cell(r, (), arm)
-                            and r["config"]["seed"] in st.tune_seeds])[0],
+                            and r.seed in st.tune_seeds])[0],
             *[x for x in st.lrs if x != S.reported_lrs(st, runs, (), arm)[0]])
         v = S.arm_values(st, runs, (), arm)
         assert set(v.alt) == set(v.values) == set(st.seeds)
-    drop = next(r for r in runs if r["config"]["seed"] == st.seeds[0]
-                and float(r["config"]["lr"]) == S.reported_lrs(st, runs, (), st.arms[0])[1]
-                and r["variant"] == st.arms[0])
+    drop = next(r for r in runs if r.seed == st.seeds[0]
+                and r.lr == S.reported_lrs(st, runs, (), st.arms[0])[1]
+                and r.variant == st.arms[0])
     lost = missing_runs(st, [r for r in runs if r is not drop])
     assert len(lost) == 1 and lost[0].endswith(f"seed {st.seeds[0]} at LR "
-                                               f"{float(drop['config']['lr']):g}")
+                                               f"{drop.lr:g}")

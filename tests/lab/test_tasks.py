@@ -331,7 +331,7 @@ def test_text_default_corpus_and_vocab(pydoc_task):
     assert task.decode(task.encode(sample)) == sample
     assert task.decode(task.data[:500]) == text[:500]
     assert len(task.data) == len(text)
-    assert 0 < task.unigram_bits < task.chance_level
+    assert 0 < task.bigram_bits < task.unigram_bits < task.chance_level
     with pytest.raises(ValueError, match="vocabulary"):
         task.encode("\x07")
 

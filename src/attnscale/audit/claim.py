@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from attnscale.audit.studies import Preset, Study, studies
 from attnscale.audit.verdicts import MissingEvidence, Verdict
+from attnscale.lab.records import Run
 
 Figure = dict[str, str]  # {"path": PNG file, "alt": one or two sentences with its finding}
 Entry = dict[str, Any]  # one claim's report.json entry: id, verdict, headline, numbers, evidence
@@ -87,11 +88,11 @@ class Sources:
 
     preset: Preset
     studies: dict[str, Study]
-    runs: dict[str, list[dict[str, Any]]]
+    runs: dict[str, list[Run]]  # typed records (attnscale.lab.records.Run)
     measured: dict[str, Any]
     memo: dict[tuple[str, Callable[..., Any]], Any] = field(default_factory=dict)
 
-    def study(self, name: str, reader: Callable[[Study, list[dict[str, Any]]], Any]) -> Any:
+    def study(self, name: str, reader: Callable[[Study, list[Run]], Any]) -> Any:
         """``reader(study, runs)`` for study ``name``, computed once."""
         key = (name, reader)
         if key not in self.memo:

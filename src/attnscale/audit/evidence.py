@@ -1,6 +1,7 @@
 """Evidence from the training studies: typed models, and the readers that build them.
 
-The readers are pure functions of a study's runs and return plain dicts (what report.json
+The readers are pure functions of a study's runs (typed records,
+:class:`attnscale.lab.records.Run`) and return plain dicts (what report.json
 stores); each claim validates its evidence into a typed model before its rule reads it
 (:class:`attnscale.audit.claim.Claim`), so a rule reads attributes, never string keys, and a
 missing or mistyped number fails at that boundary with the field's name. Training evidence is
@@ -33,10 +34,10 @@ from attnscale.audit.verdicts import MissingEvidence
 from attnscale.lab import analysis
 from attnscale.lab.build import build_task
 from attnscale.lab.config import TrainConfig
+from attnscale.lab.records import Run
 from attnscale.measure import theory
 
-Run = Mapping[str, Any]
-Runs = dict[str, list[dict[str, Any]]]  # study name -> its finished runs
+Runs = dict[str, list[Run]]  # study name -> its finished runs
 
 
 class Model(BaseModel):
@@ -173,14 +174,14 @@ LOSS_MARGIN = 1.0
 
 def metric(run: Run) -> float:
     """The run's final task metric (accuracy); 0 for a run without one (diverged)."""
-    v = run.get("final_metric")
+    v = run.final_metric
     return float(v) if v is not None and math.isfinite(v) else 0.0
 
 
 def layer_stat(run: Run, name: str, row: int, layer: int = 0) -> float | None:
     """Statistic ``name`` of attention layer ``layer`` in history row ``row`` (0: at init,
     −1: the last logged step)."""
-    history = run.get("history") or []
+    history = run.history
     if not history:
         return None
     layers = history[row].get("layers") or []
@@ -194,12 +195,12 @@ def spread_stat(run: Run, name: str, row: int, layer: int | None = None) -> floa
     diverged (at the last row) or logged None (a layer that blew up is not a small one);
     :class:`MissingEvidence` naming the run when it logged no such statistic (a run stored
     before the statistic was logged: train again into a new results database)."""
-    if row == -1 and run.get("status") == "diverged":
+    if row == -1 and run.status == "diverged":
         return math.inf
-    history = run.get("history") or []
+    history = run.history
     layers = (history[row].get("layers") or []) if history else []
     if not layers or any(name not in layer_row for layer_row in layers):
-        raise MissingEvidence(f"run {run.get('id')} logged no {name!r} (stored before it was "
+        raise MissingEvidence(f"run {run.id} logged no {name!r} (stored before it was "
                               "logged: train again into a new results database)")
     values = [x[name] for x in (layers if layer is None else [layers[layer]])]
     return math.inf if any(v is None for v in values) else float(max(values))
@@ -245,10 +246,10 @@ def unstable(run: Run) -> bool:
     did not come back (the final loss more than :data:`LOSS_MARGIN` above the lowest loss it
     logged). An under-trained run, slow at a small LR, is not unstable however high its loss,
     and neither is a large logit alone (:data:`LOGIT_LIMIT` is reported on its own)."""
-    loss = run.get("final_loss")
-    if run.get("status") == "diverged" or loss is None or not math.isfinite(loss):
+    loss = run.final_loss
+    if run.status == "diverged" or loss is None or not math.isfinite(loss):
         return True
-    logged = [float(row["loss"]) for row in run.get("history") or []
+    logged = [float(row["loss"]) for row in run.history
               if row.get("loss") is not None and math.isfinite(row["loss"])]
     return float(loss) > min([*logged, float(loss)]) + LOSS_MARGIN
 
@@ -257,7 +258,7 @@ def final_logit(run: Run) -> float:
     """The run's max |logit| at its last logged step; +inf for a run that diverged or logged
     none (it blew up, so it is past any limit)."""
     curve = analysis.max_logit_curve(run)
-    if run.get("status") == "diverged" or not curve or not math.isfinite(curve[-1][1]):
+    if run.status == "diverged" or not curve or not math.isfinite(curve[-1][1]):
         return math.inf
     return float(curve[-1][1])
 
@@ -277,8 +278,8 @@ def lr_sweep_arm(runs: list[Run], reference: Mapping[int, float]) -> dict[str, A
     by_seed: dict[str, list[bool]] = {}
     by_lr: dict[float, list[Run]] = {}
     for r in runs:
-        by_seed.setdefault(str(r["config"]["seed"]), []).append(unstable(r))
-        by_lr.setdefault(float(r["config"]["lr"]), []).append(r)
+        by_seed.setdefault(str(r.seed), []).append(unstable(r))
+        by_lr.setdefault(r.lr, []).append(r)
     def peak(rs: list[Run]) -> float | None:
         xs = [max(v for _, v in c) for c in map(analysis.max_logit_curve, rs) if c]
         return float(np.mean(xs)) if xs else None
@@ -286,10 +287,10 @@ def lr_sweep_arm(runs: list[Run], reference: Mapping[int, float]) -> dict[str, A
     return {"sensitivity": sens,
             "unstable": {s: sum(u) / len(u) for s, u in by_seed.items()},
             "n_runs": len(runs),
-            "n_diverged": sum(r.get("status") == "diverged" for r in runs),
+            "n_diverged": sum(r.status == "diverged" for r in runs),
             "n_past_logit_limit": sum(p is not None and p > LOGIT_LIMIT for p in peaks),
             "loss_by_lr": {str(k): v for k, v in analysis.loss_by_lr(runs).items()},
-            "final_logit_by_lr": {str(k): {str(r["config"]["seed"]): final_logit(r) for r in v}
+            "final_logit_by_lr": {str(k): {str(r.seed): final_logit(r) for r in v}
                                   for k, v in sorted(by_lr.items())},
             "peak_logit_by_lr": {str(k): peak(v) for k, v in sorted(by_lr.items())},
             "unstable_by_lr": {str(k): float(np.mean([unstable(r) for r in v]))
@@ -298,12 +299,12 @@ def lr_sweep_arm(runs: list[Run], reference: Mapping[int, float]) -> dict[str, A
                              sorted(by_lr.items())},
             "clipped_by_lr": {str(k): float(np.mean([clip_acted(r) for r in v]))
                               for k, v in sorted(by_lr.items())
-                              if any(r["config"].get("qk_clip") for r in v)}}
+                              if any(r.config.optim.qk_clip for r in v)}}
 
 
 def clip_acted(run: Run) -> bool:
     """Whether QK-Clip rescaled any head in the run (its history rows' ``qk_clipped``)."""
-    return any((row.get("qk_clipped") or 0) > 0 for row in run.get("history") or [])
+    return any((row.get("qk_clipped") or 0) > 0 for row in run.history)
 
 
 def lr_text_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
@@ -311,17 +312,17 @@ def lr_text_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
     sweep (:func:`lr_sweep_arm`, against the width's shared per-seed reference)."""
     sweep: dict[str, Any] = {}
     for cell in cells(study):
-        mine = [r for r in runs if r["config"]["seed"] in study.seeds
-                and all(r["config"].get(k) == v for k, v in cell)]
+        mine = [r for r in runs if r.seed in study.seeds
+                and all(r.value(k) == v for k, v in cell)]
         reference: dict[int, float] = {}  # per seed, the lowest clipped loss of any arm
         for arm in study.arms:
-            for (_, seed), c in clipped(r for r in mine if r.get("variant") == arm).items():
+            for (_, seed), c in clipped(r for r in mine if r.variant == arm).items():
                 reference[seed] = min(c, reference.get(seed, math.inf))
         if not reference:  # nothing measured in this cell
             continue
         sweep[cell_label(cell)] = {
-            arm: lr_sweep_arm([r for r in mine if r.get("variant") == arm], reference)
-            for arm in study.arms if any(r.get("variant") == arm for r in mine)}
+            arm: lr_sweep_arm([r for r in mine if r.variant == arm], reference)
+            for arm in study.arms if any(r.variant == arm for r in mine)}
     task = build_task(TrainConfig(**study.base))
     levels = {k: float(getattr(task, f"{k}_bits")) for k in ("unigram", "bigram")
               if hasattr(task, f"{k}_bits")}
@@ -361,11 +362,11 @@ def length_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
     per arm."""
     def at(key: str, field: str) -> Callable[[Run], float | None]:
         def read(r: Run) -> float | None:
-            v = (r.get("final_metrics") or {}).get(key)
+            v = r.final_metrics.get(key)
             v = v.get(field) if isinstance(v, dict) else None
             return float(v) if v is not None and math.isfinite(v) else None
         return read
-    keys = sorted({k for r in runs for k in (r.get("final_metrics") or {})
+    keys = sorted({k for r in runs for k in r.final_metrics
                    if k.startswith("n=")}, key=lambda k: int(k.split("=")[1]))
     return {"loss": {k: arms_table(study, runs, at(k, "loss")) for k in keys},
             "accuracy": {k: arms_table(study, runs, at(k, "metric")) for k in keys},
@@ -377,7 +378,7 @@ def row_spread_evidence(study: Study, runs: list[Run], row: int, name: str,
                         layer: int | None = None) -> dict[str, dict[str, Any]]:
     """C12: cell label -> scaled_dot's :func:`spread_stat` per seed at its chosen LR (an
     :class:`Arm` as a dict: values, LRs, censoring)."""
-    table = arms_table(study, [r for r in runs if r.get("variant") == "scaled_dot"],
+    table = arms_table(study, [r for r in runs if r.variant == "scaled_dot"],
                        lambda r: spread_stat(r, name, row, layer))
     return {label: arms["scaled_dot"] for label, arms in table.items() if "scaled_dot" in arms}
 
@@ -406,8 +407,7 @@ def missing_runs(study: Study, runs: list[Run]) -> list[str]:
             mine = [r for r in finished if in_cell(r, cell, arm)]
             lrs = reported_lrs(study, mine, cell, arm) if study.lr_choice == "tuned" else ()
             for seed in study.seeds:
-                at = {float(r["config"]["lr"]) if lrs else None for r in mine
-                      if r["config"]["seed"] == seed}
+                at = {r.lr if lrs else None for r in mine if r.seed == seed}
                 where = f"{study.name}: {cell_label(cell)} {arm} seed {seed}"
                 if not at:
                     out.append(where)

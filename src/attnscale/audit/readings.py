@@ -62,3 +62,12 @@ def text_pairs(ev: LRText, rivals: tuple[str, ...], base: str = "scaled_dot"
     """rival − base clipped loss in every width cell of the LR study."""
     return {f"{cell_}: {r}": (row.get(r), row.get(base))
             for cell_, row in ev.loss.items() for r in rivals if r in row}
+
+
+def text_evidence(unit: Mapping[str, Any], gpt2: Mapping[str, Any]) -> dict[str, Any]:
+    """The text LR study's evidence (:func:`attnscale.audit.evidence.lr_text_evidence`) with
+    its GPT-2-init context study's cells added to its tables (their labels name the init)."""
+    out = dict(unit)
+    for key in ("loss", "sweep", "entropy_init"):
+        out[key] = {**unit.get(key, {}), **gpt2.get(key, {})}
+    return out

@@ -32,6 +32,7 @@ from attnscale.audit.studies import PRESETS, Preset, Study, with_seed_offset
 from attnscale.audit.takeaways import answer, takeaways
 from attnscale.audit.verdicts import ERROR
 from attnscale.lab.executors import EXECUTORS
+from attnscale.lab.records import Run
 from attnscale.lab.store import Store
 from attnscale.util.jsonio import dumps, jsonable
 from attnscale.util.provenance import git_revision, versions
@@ -49,8 +50,9 @@ SCHEMA_VERSION = 6
 
 def run_studies(plan: dict[str, Study], db: Path, executor: str, workers: int,
                 address: str | None, progress: Callable[[str, Any], None] | None = None,
-                ) -> dict[str, list[dict[str, Any]]]:
-    """Run (or resume) every study into the results database; returns each study's runs."""
+                ) -> dict[str, list[Run]]:
+    """Run (or resume) every study into the results database; returns each study's runs (typed
+    records)."""
     with StudyRunner(db, executor, workers, address, progress) as runner:
         for study in plan.values():
             runner.run(study)

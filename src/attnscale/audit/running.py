@@ -17,22 +17,24 @@ from typing import Any
 from attnscale.audit.selection import Cell, cells, in_cell, reported_lrs, tuned_choice
 from attnscale.audit.studies import Study
 from attnscale.lab.executors import Kept, make_executor
+from attnscale.lab.records import Run
 from attnscale.lab.store import FINISHED, Store
 from attnscale.lab.sweep import SweepSpec, is_current, run_sweep
 
 Progress = Callable[[str, Any], None]
 
 
-def study_runs(store: Store, study: Study | str) -> list[dict[str, Any]]:
+def study_runs(store: Store, study: Study | str) -> list[Run]:
     """The finished runs of a study that belong to the current code's grid, with their
-    histories (see :func:`attnscale.lab.sweep.is_current`). Given a :class:`Study`, only the
-    runs made with its base settings: a database shared by two presets (say ``--quick`` then
-    the standard report) holds both, under the same study names and seeds."""
+    histories (see :func:`attnscale.lab.sweep.is_current`), as typed records. Given a
+    :class:`Study`, only the runs made with its base settings: a database shared by two presets
+    (say ``--quick`` then the standard report) holds both, under the same study names and
+    seeds."""
     name = study if isinstance(study, str) else study.name
-    runs = [r for r in store.runs(where={"sweep": name}, history=True, status=FINISHED)
-            if is_current(r)]
+    runs = [Run.from_row(r) for r in store.runs(where={"sweep": name}, history=True,
+                                                 status=FINISHED) if is_current(r)]
     if isinstance(study, Study):
-        runs = [r for r in runs if all(r["config"].get(k) == v for k, v in study.base.items())]
+        runs = [r for r in runs if all(r.value(k) == v for k, v in study.base.items())]
     return runs
 
 
@@ -75,7 +77,10 @@ class StudyRunner:
                          pool=self.pool)
 
     def run(self, study: Study) -> None:
-        """Every run of ``study``: the grid, or tuning, extension and the reported seeds."""
+        """Every run of ``study``: the grid, or tuning, extension and the reported seeds (a
+        study planned with no seeds, as the deep studies are outside ``--deep``: nothing)."""
+        if not study.seeds:
+            return
         if study.lr_choice == "grid":
             self.sweep(grid_spec(study, study.seeds, study.lrs), study.name)
             return
@@ -100,8 +105,7 @@ class StudyRunner:
     def tuning(self, study: Study) -> dict[tuple[Cell, str], tuple[float, bool, dict]]:
         """(cell, arm) -> :func:`attnscale.audit.selection.tuned_choice` on the tuning runs."""
         with Store(self.db) as store:
-            runs = [r for r in study_runs(store, study)
-                    if r["config"]["seed"] in study.tune_seeds]
+            runs = [r for r in study_runs(store, study) if r.seed in study.tune_seeds]
         out = {}
         for cell in cells(study):
             for arm in study.arms:

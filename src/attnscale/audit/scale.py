@@ -47,4 +47,5 @@ def claim_scale(claim: Claim, p: Preset, plan: dict[str, Study] | None = None) -
     if claim.scale is not None:
         return claim.scale(p)
     plan = plan if plan is not None else training_plan(p)
-    return "; ".join(f"{name}: {study_scale(plan[name])}" for name in claim.studies)
+    return "; ".join(f"{name}: {study_scale(plan[name])}" for name in claim.studies
+                     if plan[name].seeds)  # a study this preset does not run is no scale

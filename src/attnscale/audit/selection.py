@@ -1,5 +1,6 @@
 """Choosing each arm's learning rate on data that is not reported, and reading an arm's
-per-seed values at it. Pure functions of stored run dicts (see :mod:`attnscale.lab.analysis`).
+per-seed values at it. Pure functions of stored runs (typed records,
+:class:`attnscale.lab.records.Run`; see :mod:`attnscale.lab.analysis`).
 
 * **tuned** studies: the tuning seeds' mean clipped loss per LR picks the LR
   (:func:`tuned_choice`); a best LR at an edge of the grid that cannot be extended further is
@@ -35,8 +36,8 @@ import scipy  # its submodules load on first use
 
 from attnscale.audit.studies import Study
 from attnscale.lab import analysis
+from attnscale.lab.records import Run
 
-Run = Mapping[str, Any]
 Cell = tuple[tuple[str, Any], ...]  # ((field, value), ...) in the study's cell order
 SEPARATION = 0.02  # nats: the smallest loss effect of the training claims (verdicts.LOSS_DELTA)
 
@@ -78,8 +79,8 @@ def cell_label(cell: Cell) -> str:
 
 
 def in_cell(run: Run, cell: Cell, arm: str) -> bool:
-    """The run is arm ``arm`` of ``cell``."""
-    return run.get("variant") == arm and all(run["config"].get(k) == v for k, v in cell)
+    """The run is arm ``arm`` of ``cell`` (cell keys are flat config names)."""
+    return run.variant == arm and all(run.value(k) == v for k, v in cell)
 
 
 def clipped(runs: Iterable[Run]) -> dict[tuple[float, int], float]:
@@ -90,7 +91,7 @@ def clipped(runs: Iterable[Run]) -> dict[tuple[float, int], float]:
         return {}
     out = {}
     for lr, losses in analysis.clipped_losses_by_lr(done).items():
-        seeds = [r["config"]["seed"] for r in done if float(r["config"]["lr"]) == lr]
+        seeds = [r.seed for r in done if r.lr == lr]
         out.update({(lr, s): c for s, c in zip(seeds, losses, strict=True)})
     return out
 
@@ -211,7 +212,7 @@ def reported_lrs(study: Study, runs: Iterable[Run], cell: Cell, arm: str) -> tup
     and, unless the tuning separates it, the runner-up (:func:`tuned_lrs`); () when the
     tuning measured nothing."""
     tune = [r for r in analysis.finished(runs) if in_cell(r, cell, arm)
-            and r["config"]["seed"] in study.tune_seeds]
+            and r.seed in study.tune_seeds]
     try:
         lr, other, _, _ = tuned_lrs(tune)
     except ValueError:
@@ -237,15 +238,15 @@ def arm_values(
     def read(run: Run) -> float | None:
         if value is not None:
             return value(run)
-        return losses.get((float(run["config"]["lr"]), run["config"]["seed"]))
-    reported = [r for r in mine if r["config"]["seed"] in study.seeds]
+        return losses.get((run.lr, run.seed))
+    reported = [r for r in mine if r.seed in study.seeds]
     if study.lr_choice == "tuned":
         try:
             lr, other, edge, curve = tuned_lrs(
-                [r for r in mine if r["config"]["seed"] in study.tune_seeds])
+                [r for r in mine if r.seed in study.tune_seeds])
         except ValueError:  # the tuning measured nothing: nothing to report
             return ArmValues({}, {}, False)
-        chosen = {r["config"]["seed"]: lr for r in reported}
+        chosen = {r.seed: lr for r in reported}
         # the reported seeds only: the tuning seeds picked the choice, so their gaps lean up
         keep = other is not None and not clearly_worse(losses, lr, other, chosen)
         seconds = dict.fromkeys(chosen, other) if keep else {}
@@ -256,8 +257,8 @@ def arm_values(
     def at(lr_of: Mapping[int, float]) -> tuple[dict[int, float], dict[int, float]]:
         values, lrs = {}, {}
         for r in reported:
-            s = r["config"]["seed"]
-            if s in lr_of and float(r["config"]["lr"]) == lr_of[s]:
+            s = r.seed
+            if s in lr_of and r.lr == lr_of[s]:
                 v = read(r)
                 if v is not None:
                     values[s], lrs[s] = float(v), lr_of[s]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 SEED_STRIDE = 100
-TASK_STUDIES = ("tau", "salience", "length")  # the studies that report ``task_seeds``
+TASK_STUDIES = ("tau", "tau_n64", "salience", "length")  # the studies that report ``task_seeds``
 LR_CHOICES = ("grid", "tuned")
 
 # Every variant the studies compare: name -> TrainConfig overrides.
@@ -47,6 +47,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "softcap": {"score": "softcap", "cap": 5.0},
     "log_length": {"score": "log_length"},
     "log_length_matched": {"score": "log_length", "s": 0.2885390081777927},  # s₀ = 1/ln 32
+    # the deep preset's instability study: without the gradient-norm clip
+    "scaled_dot_noclip": {"score": "scaled_dot", "grad_clip": 0.0},
+    "dot_noclip": {"score": "dot", "grad_clip": 0.0},
     "uniform": {"score": "scaled_dot", "scale": 0.0},  # every logit 0: the no-attention control
     "cue_none": {"score": "scaled_dot", "cue": "none"},  # salience with no marked item
 }
@@ -106,6 +109,9 @@ class Preset:
     # task study -> how many of ``task_seeds`` it reports (default: all): claims decided far
     # past δ need fewer seeds than those whose intervals sit near it
     seed_counts: dict[str, int] = field(default_factory=dict)
+    # the deep studies (:func:`deep_studies`): a 1,500-step text study and a high-LR instability
+    # study without gradient clipping; other presets plan them with no seeds (nothing runs)
+    deep: bool = False
 
     def __post_init__(self) -> None:
         if not self.task_seeds:
@@ -140,6 +146,7 @@ TEXT_ARMS = ("scaled_dot", "dot", "qk_layernorm", "cosine_tau1", "softcap", "cos
 # argument for 1/√d_k applies, and where claims about a score are decided) and GPT-2's std-0.02
 # init (context: there q·k starts at std 0.005-0.1, so arms that enlarge logits win early).
 TEXT_INITS = ("unit", "gpt2")
+GPT2_TEXT_ARMS = ("scaled_dot", "dot", "qk_layernorm", "cosine_learned")
 PRESETS: dict[str, Preset] = {
     # For the tests: every study runs, nothing is learned. Not offered on the command line.
     "tiny": Preset("tiny", seeds=(0, 1, 2), tune_seeds=(50,), steps=3, head_dims=(8, 16),
@@ -171,7 +178,7 @@ PRESETS: dict[str, Preset] = {
                               "target": 0.01, "budget_s": 30.0, "threads": 1},
                        mc_samples=1000, inspect_sentences=64,
                        task_steps={"tau": 200, "salience": 300, "length": 200},
-                       task_seeds=tuple(range(10)), seed_counts={"salience": 5}),
+                       task_seeds=tuple(range(10)), seed_counts={"salience": 5, "tau_n64": 6}),
     # Sized for a GPU or a Ray cluster: run with --executor ray --address host:port.
     "full": Preset("full", seeds=(0, 1, 2, 3, 4), tune_seeds=(50, 51), steps=2000,
                    head_dims=(16, 64, 128, 256, 512), widths=(64, 256, 1024),
@@ -183,6 +190,10 @@ PRESETS: dict[str, Preset] = {
                    mc_samples=3000, inspect_sentences=256,
                    task_steps={"tau": 3000, "salience": 2000, "length": 3000}),
 }
+
+# The standard report and the two deep studies (docs/report.md, "The deep preset").
+PRESETS["deep"] = replace(PRESETS["standard"], name="deep", deep=True)
+
 
 def cut_down(p: Preset) -> Preset:
     """Preset ``p`` at the size of a smoke test: its arms, cells, widest width and extreme head
@@ -215,6 +226,7 @@ SALIENCE = {"task": "salience", "layout": "items", "init": "unit", "cue_at": "ke
             "d_model": 64, "batch_size": 32}
 TAU_ARMS = ("scaled_dot", "dot", "cosine_tau1", "cosine_tau2", "cosine_tau4", "cosine_tau10",
             "cosine_learned")
+TAU_N64_ARMS = ("scaled_dot", "cosine_tau1", "cosine_tau2", "cosine_learned")
 
 
 def schedule(steps: int) -> dict[str, int]:
@@ -236,18 +248,57 @@ def studies(p: Preset) -> dict[str, Study]:
         "head_dim": Study("head_dim", {**TEXT, **schedule(p.steps), "n_heads": 1},
                           ("scaled_dot", "dot"),
                           cells={"init": ("gpt2", "unit"), "d_model": p.head_dims}, **one_tune),
-        # C6, C11, C12, Q1: Wortsman et al. 2023's LR sweep at two widths, in both inits
+        # C6, C11, C12, Q1: Wortsman et al. 2023's LR sweep at two widths, with unit-variance
+        # q, k at init (the regime that decides a claim about a score) ...
         "lr_text": Study("lr_text", {**TEXT, **schedule(p.steps), "n_heads": 2},
                          p.text_arms, p.lrs, p.seeds,
-                         cells={"init": TEXT_INITS, "d_model": p.widths}),
+                         cells={"init": ("unit",), "d_model": p.widths}),
+        # ... and its context: the same sweep with GPT-2's init at the widest width, for the
+        # arms whose ranking that init turns around (same configs, so the same runs)
+        "lr_text_gpt2": Study("lr_text_gpt2", {**TEXT, **schedule(p.steps), "n_heads": 2},
+                              tuple(a for a in GPT2_TEXT_ARMS if a in p.text_arms), p.lrs,
+                              p.seeds, cells={"init": ("gpt2",), "d_model": p.widths[-1:]}),
         # C4, C6: the temperature of cosine attention on a task that needs sharp attention
         "tau": Study("tau", {**TAU, **schedule(steps["tau"])}, TAU_ARMS,
-                     cells={"seq_len": (32, 64)}, **task("tau")),
+                     cells={"seq_len": (32,)}, **task("tau")),
+        # C4 at a second length: the arms that say whether the τ it needs grows with n
+        "tau_n64": Study("tau_n64", {**TAU, **schedule(steps["tau"])}, TAU_N64_ARMS,
+                         cells={"seq_len": (64,)}, **task("tau_n64")),
         # C3: the relevant key is marked only by its norm
         "salience": Study("salience", {**SALIENCE, **schedule(steps["salience"])},
                           ("scaled_dot", "cosine_tau1", "cosine_tau10", "cosine_learned",
                            "uniform", "cue_none"), **task("salience")),
+        **deep_studies(p),
         # Q3: trained at n, evaluated at 2n and 4n
         "length": Study("length", {**LENGTH, **schedule(steps["length"])},
                         ("scaled_dot", "log_length", "log_length_matched"), **task("length")),
+    }
+
+
+DEEP_TEXT_ARMS = ("scaled_dot", "dot", "qk_layernorm")
+DEEP_TEXT_LRS = (1e-3, 3e-3)  # around every arm's best at width 128 in the 150-step study
+UNSTABLE_ARMS = ("scaled_dot", "dot", "scaled_dot_noclip", "dot_noclip")
+UNSTABLE_LRS = (3e-2, 1e-1, 3e-1)  # where the 150-step study's logits grew most
+
+
+def deep_studies(p: Preset) -> dict[str, Study]:
+    """The deep preset's studies, planned with no seeds in the other presets (nothing runs):
+
+    * ``long_text``: the text task 10x longer (1,500 steps) at width 128, scaled dot, unscaled
+      dot and QK-LayerNorm in both inits, 2 LRs chosen leave-one-seed-out (C6, Q1: a longer
+      regime, where the 150-step ranking may be the init's);
+    * ``unstable``: 1,000 steps at widths 64 and 256 at the three highest LRs, scaled and
+      unscaled dot, each with and without the gradient-norm clip (C11: instability, if it
+      exists at this scale; Wortsman et al. 2023 saw it at high LR in small models)."""
+    seeds = p.seeds if p.deep else ()
+    long_steps, unstable_steps = (1500, 1000) if p.deep else (p.steps, p.steps)
+    return {
+        "long_text": Study("long_text", {**TEXT, **schedule(long_steps), "n_heads": 2,
+                                         "d_model": max(p.widths)},
+                           DEEP_TEXT_ARMS, DEEP_TEXT_LRS, seeds,
+                           cells={"init": TEXT_INITS}),
+        "unstable": Study("unstable", {**TEXT, **schedule(unstable_steps), "n_heads": 2,
+                                       "init": "unit"},
+                          UNSTABLE_ARMS, UNSTABLE_LRS, seeds[:3],
+                          cells={"d_model": (64, 256)}),
     }

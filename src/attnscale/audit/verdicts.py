@@ -75,9 +75,17 @@ class Verdict:
             self.headline = self.verdict
 
 
+# A verdict's numbers may show comparisons that do not decide it (GPT-2-init context, trained
+# arms beside an evaluation-time factor): their names contain this word.
+CONTEXT = "(context)"
+
+
 def undecided_comparisons(numbers: Any, name: str = "") -> list[tuple[str, dict[str, Any]]]:
     """Every inconclusive comparison in a verdict's numbers, however nested, with its path (one
-    ``not measurable`` has no seeds to plan, so it is not among them)."""
+    ``not measurable`` has no seeds to plan, so it is not among them; nor is a comparison shown
+    as context, whose name contains :data:`CONTEXT`: seeds there would decide no verdict)."""
+    if CONTEXT in name:
+        return []
     if isinstance(numbers, dict):
         if numbers.get("reading") == INCONCLUSIVE and "seeds_to_decide" in numbers:
             return [(name, numbers)]

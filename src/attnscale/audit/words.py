@@ -37,8 +37,10 @@ def fx(c: dict[str, Any], unit: str = "nats", digits: int = 3) -> str:
 def reads(c: dict[str, Any]) -> str:
     """How a rival's loss compares with the reference's, in words; an interval past ±δ that
     Holm's correction leaves undecided says so; identical differences are not measurable."""
-    word = {EQUAL: "matched", LESS: "beat", GREATER: "trailed",
-            "not measurable": "could not be told apart (identical runs) from"}.get(c["reading"])
+    if c["reading"] == "not measurable":
+        why = c.get("why") or "every seed's difference is the same"
+        return f"could not be compared ({why}) with"
+    word = {EQUAL: "matched", LESS: "beat", GREATER: "trailed"}.get(c["reading"])
     if word:
         return word
     if no_worse(c):

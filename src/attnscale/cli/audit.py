@@ -22,6 +22,10 @@ VERDICT_COLORS = {"supported": "green", "refuted": "red", "depends": "yellow",
 def report(
     quick: Annotated[bool, typer.Option("--quick", help="About 2 minutes.")] = False,
     standard: Annotated[bool, typer.Option("--standard", help="The default (≤ 15 min).")] = False,
+    deep: Annotated[bool, typer.Option("--deep", help=(
+        "The standard report plus a 1,500-step text study and a high-LR instability study "
+        "without gradient clipping (about 35 min on 2 cores; reuses a standard report's runs "
+        "in the same --db)."))] = False,
     full: Annotated[bool, typer.Option("--full", help=(
         "Sized for a Ray cluster: widths to 1024, d_k to 512, thousands of steps; use "
         "--executor ray --address host:port."))] = False,
@@ -39,8 +43,8 @@ def report(
     from attnscale.lab.executors import EXECUTORS
     from attnscale.util.validate import check_choice, check_output_file, check_output_folder
 
-    chosen = [name for name, flag in (("quick", quick), ("standard", standard), ("full", full))
-              if flag]
+    chosen = [name for name, flag in (("quick", quick), ("standard", standard), ("deep", deep),
+                                      ("full", full)) if flag]
     if len(chosen) > 1:
         raise ValueError(f"choose one preset, got {', '.join('--' + c for c in chosen)}")
     check_choice("--executor", executor, EXECUTORS)

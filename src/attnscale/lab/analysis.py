@@ -1,6 +1,8 @@
-"""Sweep analysis: pure functions over run dicts from :meth:`attnscale.lab.store.Store.runs`.
+"""Sweep analysis: pure functions over runs, each a typed :class:`attnscale.lab.records.Run`
+or a run dict from :meth:`attnscale.lab.store.Store.runs` (the ``attnscale results`` table reads
+dicts; the audit reads records). :func:`column` and :func:`config_value` read either.
 
-A run dict has at least ``status``, ``config`` (the resolved TrainConfig: ``score``, ``lr``,
+A run has at least ``status``, ``config`` (the resolved TrainConfig: ``score``, ``lr``,
 ``seed``, …), ``final_loss``, ``final_metric``, ``diverged_step``, optionally ``variant`` and,
 for the loss at initialization and the logit curves, ``history`` (list of dicts with ``step``,
 ``loss`` and max-logit statistics). Only finished runs (``done`` / ``diverged``) are
@@ -26,14 +28,35 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import scipy  # its submodules load on first use (scipy.stats alone takes ~2 s to import)
 
 from attnscale.core.scores import SCORES
 from attnscale.lab.store import FINISHED
 
-Run = Mapping[str, Any]
+if TYPE_CHECKING:
+    from attnscale.lab.records import Run as Record
+
+Run: TypeAlias = "Mapping[str, Any] | Record"
+R = TypeVar("R", bound=Run)  # a record stays a record, a dict a dict
+
+
+def column(run: Run, name: str) -> Any:
+    """A run's column ``name`` (``status``, ``final_loss``, ``history``, …): a record's
+    attribute, a dict's key (None when absent)."""
+    return run.get(name) if isinstance(run, Mapping) else getattr(run, name)
+
+
+def config_value(run: Run, key: str) -> Any:
+    """Config field ``key`` by its flat name (``lr``, ``d_model``), as the stored dict holds it
+    (None when absent)."""
+    return (run.get("config") or {}).get(key) if isinstance(run, Mapping) else run.value(key)
+
+
+def flat_config(run: Run) -> Mapping[str, Any]:
+    """The run's config as the flat dict the store keeps."""
+    return (run.get("config") or {}) if isinstance(run, Mapping) else run.flat_config
 
 
 @dataclass(frozen=True)
@@ -62,9 +85,9 @@ class MeanCI:
 # ------------------------------------------------------------------------------ grouping
 
 
-def finished(runs: Iterable[Run]) -> list[Run]:
+def finished(runs: Iterable[R]) -> list[R]:
     """The runs with status done or diverged."""
-    return [r for r in runs if r.get("status") in FINISHED]
+    return [r for r in runs if column(r, "status") in FINISHED]
 
 
 def score_knobs(score: str) -> tuple[str, ...]:
@@ -102,7 +125,7 @@ def score_label(config: Mapping[str, Any]) -> str:
 
 def group_key(run: Run) -> str:
     """The run's variant name if it has one, else :func:`score_label` of its config."""
-    return run.get("variant") or score_label(run["config"])
+    return column(run, "variant") or score_label(flat_config(run))
 
 
 def group_runs(
@@ -118,7 +141,7 @@ def group_runs(
     """
     out: dict[tuple[Any, ...], list[Run]] = {}
     for run in finished(runs):
-        k = (*(run["config"].get(b) for b in by), key(run))
+        k = (*(config_value(run, b) for b in by), key(run))
         out.setdefault(k, []).append(run)
     return out
 
@@ -141,21 +164,21 @@ def mean_ci(values: Iterable[float | None], confidence: float = 0.95) -> MeanCI:
 
 def metric_ci(runs: Iterable[Run], missing: float = 0.0, confidence: float = 0.95) -> MeanCI:
     """Final metric mean ± CI over the finished runs; a run without one counts as ``missing``."""
-    values = [r.get("final_metric") for r in finished(runs)]
+    values = [column(r, "final_metric") for r in finished(runs)]
     return mean_ci([missing if v is None else v for v in values], confidence)
 
 
 def initial_loss(run: Run) -> float | None:
     """L₀: the ``loss`` of the run's first history row, else the run's ``initial_loss``."""
-    history = run.get("history") or []
-    loss = history[0].get("loss") if history else run.get("initial_loss")
+    history = column(run, "history") or []
+    loss = history[0].get("loss") if history else column(run, "initial_loss")
     return float(loss) if loss is not None and math.isfinite(loss) else None
 
 
 def clipped_loss(run: Run, loss0: float) -> float:
     """min(L_T, L₀); L₀ for a diverged run or one without a finite final loss L_T."""
-    loss = run.get("final_loss")
-    if run.get("status") == "diverged" or loss is None or not math.isfinite(loss):
+    loss = column(run, "final_loss")
+    if column(run, "status") == "diverged" or loss is None or not math.isfinite(loss):
         return loss0
     return min(float(loss), loss0)
 
@@ -179,7 +202,7 @@ def _loss0s(runs: Sequence[Run]) -> list[float]:
 def _by_lr(runs: Iterable[Run]) -> dict[float, list[Run]]:
     out: dict[float, list[Run]] = defaultdict(list)
     for run in finished(runs):
-        out[float(run["config"]["lr"])].append(run)
+        out[float(config_value(run, "lr"))].append(run)
     return dict(sorted(out.items()))
 
 
@@ -228,7 +251,7 @@ def stable_lrs(runs: Sequence[Run]) -> list[float]:
     out = []
     for lr, rs in _by_lr(done).items():
         mean0 = sum(loss0[id(r)] for r in rs) / len(rs)
-        if not any(r["status"] == "diverged" for r in rs) and curve[lr] < mean0:
+        if not any(column(r, "status") == "diverged" for r in rs) and curve[lr] < mean0:
             out.append(lr)
     return out
 
@@ -238,7 +261,7 @@ def divergence_rate(runs: Iterable[Run]) -> float | None:
     done = finished(runs)
     if not done:
         return None
-    return sum(r["status"] == "diverged" for r in done) / len(done)
+    return sum(column(r, "status") == "diverged" for r in done) / len(done)
 
 
 def divergence_by_lr(runs: Sequence[Run]) -> dict[float, float]:
@@ -275,7 +298,7 @@ def _numbers(value: Any) -> list[float]:
 def max_logit_curve(run: Run) -> list[tuple[int, float]]:
     """(step, max |logit| over layers) for every history row that has the statistic."""
     out = []
-    for row in run.get("history") or []:
+    for row in column(run, "history") or []:
         value = row_max_logit(row)
         if value is not None and row.get("step") is not None:
             out.append((int(row["step"]), value))

@@ -345,7 +345,8 @@ class Store:
             history: attach each run's time series as ``run["history"]``.
             ids: keep only these run ids.
 
-        Each dict has the ``runs`` columns, with ``config`` and ``versions`` parsed from JSON.
+        Each dict has the ``runs`` columns, with ``config`` and ``versions`` parsed from JSON;
+        :meth:`attnscale.lab.records.Run.from_row` makes one a typed record.
         """
         sql, args = "SELECT * FROM runs", []
         clauses = []

@@ -42,7 +42,10 @@ rest ~ χ²_(m−q), then normalized: rotation invariance of the Gaussian; the s
 come from the Cholesky factor of the queries' Gram matrix), which gives the same
 joint law of the q × n cosine block as n explicit vectors at O(n·q) instead of O(n·d) cost.
 The crossing of the mean self-weight is found by Brent's method, with a 95% t-interval over the
-independent draws by the delta method (SE of the draws' mean self-weight over the slope).
+independent draws by the delta method (SE of the draws' mean self-weight over the slope);
+:func:`widen` gives its half-width at another level (e.g. a Bonferroni one).
+:func:`crossing_to` sizes the Monte Carlo in two stages: a pilot, then as many more draws as
+the pilot's spread says a target half-width needs (capped), the interval from all draws.
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ QUERIES = 32  # query tokens per draw (at most n and m − 1)
 LAGUERRE = 80  # Gauss–Laguerre nodes over s
 C_POINTS = 2001  # trapezoid points over the cosine c
 C_WINDOW = 14.0  # the c grid spans ±C_WINDOW/√m (clipped to [−1, 1])
+CONFIDENCE = 0.95  # the level of :func:`mc_crossing`'s interval
+MAX_DRAWS = 2048  # draws per cell at most (:func:`crossing_to`)
+MAX_GAPS = 2**24  # gaps held at once at most (draws × q × (n − 1) float64: 128 MiB)
 
 
 def _check(n: int, d: int) -> tuple[int, int]:
@@ -167,6 +173,19 @@ def self_weights(gaps: np.ndarray, beta: float) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-beta * gaps).sum(axis=-1))
 
 
+def t_quantile(draws: int, confidence: float) -> float:
+    """The two-sided t quantile at ``confidence`` with draws − 1 degrees of freedom."""
+    draws = check_int("draws", draws, 2)
+    confidence = check_float("confidence", confidence, low=0.0, high=1.0)
+    return float(special.stdtrit(draws - 1, 0.5 + confidence / 2))
+
+
+def widen(half: float, draws: int, confidence: float) -> float:
+    """The half-width at ``confidence`` of a :func:`mc_crossing` interval over ``draws`` draws
+    whose 95% half-width is ``half`` (the same SE, another t quantile)."""
+    return float(half) * t_quantile(draws, confidence) / t_quantile(draws, CONFIDENCE)
+
+
 def mc_crossing(gaps: np.ndarray, n: int, rho: float) -> dict[str, float]:
     """The Monte Carlo crossing g = γ̂(1−ρ) where the mean self-weight over every query of
     ``gaps`` (:func:`sample_gaps`) is 1/2, and its 95% interval: t quantile over the draws
@@ -188,6 +207,27 @@ def mc_crossing(gaps: np.ndarray, n: int, rho: float) -> dict[str, float]:
     slope = float(np.mean(big * (gaps * e).sum(axis=-1) / (1.0 + r) ** 2))
     per_draw = (1.0 / (1.0 + r)).mean(axis=1)
     se = float(per_draw.std(ddof=1)) / math.sqrt(draws)
-    half = float(special.stdtrit(draws - 1, 0.975)) * se / slope
+    half = t_quantile(draws, CONFIDENCE) * se / slope
     scale = 1.0 - rho
     return {"g": gamma * scale, "lo": (gamma - half) * scale, "hi": (gamma + half) * scale}
+
+
+def crossing_to(n: int, rho: float, d: int, pilot: int, confidence: float, target: float,
+                seed: Sequence[int]) -> dict[str, float]:
+    """:func:`mc_crossing` with its draws sized in two stages: ``pilot`` draws (seed ``seed``),
+    then, where the pilot's half-width at ``confidence`` (:func:`widen`) exceeds ``target``,
+    enough more (seed ``seed`` + [1]) for the spread it measured to reach it, capped by
+    :data:`MAX_DRAWS` and :data:`MAX_GAPS`; the crossing and its 95% interval from all draws,
+    with ``draws``, the number used."""
+    n, m = _check(n, d)
+    q = min(n, QUERIES, m - 1)
+    cap = max(pilot, min(MAX_DRAWS, MAX_GAPS // (q * (n - 1))))
+    gaps = sample_gaps(n, rho, d, pilot, seed=list(seed))
+    c = mc_crossing(gaps, n, rho)
+    half = widen((c["hi"] - c["lo"]) / 2, pilot, confidence)
+    need = min(cap, math.ceil(pilot * (half / check_float("target", target, low=0.0)) ** 2))
+    if need - pilot >= 2:
+        more = sample_gaps(n, rho, d, need - pilot, seed=[*seed, 1])
+        gaps = np.concatenate([gaps, more])
+        c = mc_crossing(gaps, n, rho)
+    return {**c, "draws": int(gaps.shape[0])}

@@ -35,6 +35,7 @@ from attnscale.audit.studies import PRESETS, studies
 from attnscale.audit.task_readings import COSINES
 from attnscale.audit.verdicts import LOSS_DELTA, MissingEvidence
 from attnscale.lab.paired import NOT_MEASURABLE
+from attnscale.lab.records import Run
 from attnscale.measure import theory
 
 TAUS = {"cosine_tau1": 1, "cosine_tau2": 2, "cosine_tau4": 4, "cosine_tau10": 10}
@@ -219,13 +220,15 @@ def test_the_answers_read_the_training_length_and_name_the_larger_n():
 
 def run(variant, seed, n, loss, acc, lr=0.01):
     cfg = {**studies(PRESETS["tiny"])["tau"].base, "seq_len": n, "lr": lr, "seed": seed}
-    return {"id": f"{variant}-{seed}-{n}", "variant": variant, "status": "done", "config": cfg,
-            "final_loss": loss, "final_metric": acc, "initial_loss": 3.0, "history": []}
+    return Run.from_row({"id": f"{variant}-{seed}-{n}", "variant": variant, "status": "done",
+                         "config": cfg, "final_loss": loss, "final_metric": acc,
+                         "initial_loss": 3.0, "history": []})
 
 
 def test_the_reader_splits_the_study_by_its_lengths():
-    study = studies(PRESETS["tiny"])["tau"]
-    assert study.cells == {"seq_len": (32, 64)} and "seq_len" not in study.base
+    from dataclasses import replace
+    study = replace(studies(PRESETS["tiny"])["tau"], cells={"seq_len": (32, 64)})
+    assert "seq_len" not in study.base
     runs = [run(a, s, n, 0.1 * n / 32, 0.9) for a in study.arms for n in (32, 64)
             for s in (*study.seeds, *study.tune_seeds)]
     ev = M.tau_by_length(study, runs)["by_n"]
@@ -239,17 +242,19 @@ def test_the_reader_splits_the_study_by_its_lengths():
     assert M.lengths_of(study) == [32, 64]
 
 
-def test_gather_reads_the_tau_study_once():
+def test_gather_reads_each_tau_study_once():
     p = PRESETS["tiny"]
     plan = studies(p)
     src = Sources(p, plan, {k: [] for k in plan}, {})
     got = M.gather(src)
-    assert got == M.tau_by_length(plan["tau"], [])
-    assert M.gather(src) is got
+    assert got == {"by_n": {**M.tau_by_length(plan["tau"], [])["by_n"],
+                            **M.tau_by_length(plan["tau_n64"], [])["by_n"]}}
+    assert M.gather(src) == got and len(src.memo) == 2  # each study read once
     ev = M.CLAIM.read(got)
     assert [t.n for t in ev.by_n.values()] == [32, 64]
     assert ev.by_n["n=64"].bound["cosine_tau1"] == pytest.approx(bound(1, 64))
-    assert M.CLAIM.studies == ("tau",) and M.CLAIM.id == "C4"
+    assert set(ev.by_n["n=64"].bound) == {"cosine_tau1", "cosine_tau2"}  # its arms only
+    assert M.CLAIM.studies == ("tau", "tau_n64") and M.CLAIM.id == "C4"
 
 
 # ------------------------------------------------------------------------------ figures

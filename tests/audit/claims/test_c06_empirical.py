@@ -155,12 +155,16 @@ def test_gather_reads_the_text_and_tau_studies_and_shares_tau_with_c4():
     plan = studies(p)
     src = Sources(p, plan, {k: [] for k in plan}, {})
     got = M.gather(src)
-    assert got == {"text": lr_text_evidence(plan["lr_text"], []),
-                   "retrieval": tau_evidence(plan["tau"], [])}
+    text = lr_text_evidence(plan["lr_text"], [])
+    gpt2 = lr_text_evidence(plan["lr_text_gpt2"], [])
+    assert got == {"text": {**text, "loss": {**text["loss"], **gpt2["loss"]},
+                            "sweep": {}, "entropy_init": {**text["entropy_init"],
+                                                          **gpt2["entropy_init"]}},
+                   "retrieval": tau_evidence(plan["tau"], []), "long": None}
     # the same numbers C4 reads at the training length (C4 reads every length)
     assert got["retrieval"] == c04_bounded_range.gather(src)["by_n"]["n=32"]
     M.CLAIM.read(got)
-    assert M.CLAIM.studies == ("lr_text", "tau") and M.CLAIM.id == "C6"
+    assert M.CLAIM.studies == ("lr_text", "lr_text_gpt2", "tau", "long_text")
 
 
 # ------------------------------------------------------------------------------ figures
@@ -200,3 +204,20 @@ def test_the_text_loss_is_printed_in_bits_against_the_corpus_levels():
     assert "4.69 for the corpus' unigram model and 3.35 for its bigram model" in line
     del ev["text"]["levels"]
     assert not decide(ev).plain[-1].startswith("How far")
+
+
+def test_the_long_study_joins_the_decision_and_the_page_says_what_it_changed():
+    """With --deep, the 1,500-step unit-init comparisons decide with the rest: here the short
+    studies say scaled dot wins everywhere, the long one says dot catches up."""
+    ev = c6(Draw(8), {"dot": 0.2, "cosine_tau1": 0.3})
+    draw = Draw(9)
+    row = {"scaled_dot": draw.arm(2.0, 0.002), "dot": draw.arm(2.0, 0.002),
+           "cosine_tau1": draw.arm(2.0, 0.002)}
+    ev["long"] = {"loss": {"init=unit": row, "init=gpt2": row}, "steps": 1500}
+    v = decide(ev)
+    assert v.verdict == "depends"
+    assert v.numbers["unit init, 1500 steps: dot"].no_worse()
+    assert any(k.startswith(M.CONTEXT + ", 1500 steps") for k in v.numbers)
+    assert v.plain[-1] == "Without the 1500-step study this verdict would read supported."
+    del ev["long"]
+    assert decide(ev).verdict == "supported"

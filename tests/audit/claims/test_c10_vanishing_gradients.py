@@ -29,6 +29,7 @@ from attnscale.audit.evidence import head_dim_evidence
 from attnscale.audit.scale import study_scale
 from attnscale.audit.studies import PRESETS, studies
 from attnscale.audit.verdicts import MissingEvidence
+from attnscale.lab.records import Run
 from attnscale.measure import jacobian as J
 from attnscale.measure import jacobian_law as L
 from attnscale.measure import jacobian_scales as S
@@ -344,7 +345,7 @@ def test_gather_scale_and_measurement():
     measured = evidence(exponential, power)
     runs = [step0_run(s, d, init, 0.01 if init == "gpt2" else math.sqrt(d) * (1 + s / 10))
             for s in (0, 1, 2, 50) for d in (8, 16) for init in ("gpt2", "unit")]
-    runs.append({**step0_run(0, 16, "unit", 99.0), "variant": "scaled_dot"})  # not dot
+    runs.append(step0_run(0, 16, "unit", 99.0, variant="scaled_dot"))  # not dot
     src = Sources(preset=p, studies=plan, runs={"head_dim": runs},
                   measured={"jacobian": measured}, memo={("head_dim", head_dim_evidence): dk})
     ev = M.CLAIM.gather(src)
@@ -383,13 +384,14 @@ def test_study_scales_are_every_dot_studys_head_dims_over_its_lengths():
     assert 256 in got[32] and 16 in got[32]
 
 
-def step0_run(seed, d, init, std):
-    """A head_dim run of unscaled dot whose two layers log a step-0 row std (the second 1.5×
-    the first)."""
+def step0_run(seed, d, init, std, variant="dot"):
+    """A head_dim run (of unscaled dot unless told) whose two layers log a step-0 row std (the
+    second 1.5× the first)."""
     layers = [{"row_logit_std": std}, {"row_logit_std": 1.5 * std}]
-    return {"id": f"dot-{seed}-{d}-{init}", "variant": "dot", "status": "done",
-            "config": {"seed": seed, "d_model": d, "init": init, "lr": 0.01},
-            "history": [{"step": 0, "layers": layers}]}
+    return Run.from_row({"id": f"{variant}-{seed}-{d}-{init}", "variant": variant,
+                         "status": "done",
+                         "config": {"seed": seed, "d_model": d, "init": init, "lr": 0.01},
+                         "history": [{"step": 0, "layers": layers}]})
 
 
 # ---------------------------------------------------------------------------- the figure

@@ -28,6 +28,7 @@ from support import SweepDraw as Draw
 from attnscale.audit import verdicts as V
 from attnscale.audit.claim import Sources
 from attnscale.audit.claims import c11_instability as M
+from attnscale.audit.deep_readings import unstable_evidence
 from attnscale.audit.evidence import lr_text_evidence
 from attnscale.audit.interval import Comparison
 from attnscale.audit.verdicts import LOSS_DELTA, MissingEvidence, seeds_sentence
@@ -92,6 +93,10 @@ def test_c11_flips_between_growing_instability_and_none():
     assert judge(c11(Draw(0), (-0.2, -0.2))).verdict == "refuted"  # less sensitive
     flat = judge(c11(Draw(0), (0.3, 0.3)))  # worse at both widths, not growing
     assert flat.verdict == "depends" and flat.numbers["growth"].reading == "equal"
+    # more sensitive, and more so wider, but never unstable: the claim is about instability
+    sensitive = judge(c11(Draw(0), (0.05, 0.3)))
+    assert sensitive.numbers["growth"].greater() and sensitive.verdict == "depends"
+    assert "not observed at this scale" in sensitive.plain[1]
     assert yes.headline != no.headline and yes.plain != no.plain
     big = yes.numbers[f"{WIDTHS[1]} sensitivity"].mean
     assert f"width 128 (unit init) sensitivity {big:+.3f} nats" in yes.headline
@@ -235,16 +240,22 @@ def test_c11_claim_is_registered_with_its_study():
     from attnscale.audit.claim import get_claim
 
     assert get_claim("C11") is M.CLAIM and not M.CLAIM.question
-    assert M.CLAIM.studies == ("lr_text",) and M.CLAIM.measurements == ()
+    assert M.CLAIM.studies == ("lr_text", "lr_text_gpt2", "unstable")
+    assert M.CLAIM.measurements == ()
     assert M.CLAIM.text == "Training is unstable without scaling, especially for larger models."
     assert "C11" in CLAIMS_MD
 
 
-def test_c11_gathers_the_text_study():
+def test_c11_gathers_the_text_studies_and_the_deep_one():
     ev = c11(Draw(0), (0.05, 0.3))
+    gpt2 = {"loss": {"init=gpt2 d_model=128": {}}, "sweep": {}, "entropy_init": {}}
     src = Sources(preset=None, studies={}, runs={}, measured={},
-                  memo={("lr_text", lr_text_evidence): ev})
-    assert M.CLAIM.gather(src) is ev
+                  memo={("lr_text", lr_text_evidence): ev,
+                        ("lr_text_gpt2", lr_text_evidence): gpt2,
+                        ("unstable", unstable_evidence): None})
+    got = M.CLAIM.gather(src)
+    assert got["unstable"] is None and "init=gpt2 d_model=128" in got["loss"]
+    assert got["sweep"] == ev["sweep"] and got["lrs"] == ev["lrs"]
 
 
 # ------------------------------------------------------------------------------ sentences
@@ -346,3 +357,22 @@ def test_says_when_reads_the_widest_unit_cell_and_says_not_observed():
     (stayed,) = M.says_when(says_entry(WIDTHS, unstable=0.5))
     assert "no run of the sweep diverged (6 blew up and stayed up)" in stayed
     assert M.says_when({"evidence": {"sweep": {}}}) == []
+
+
+def test_c11_reads_the_deep_instability_study_as_the_larger_widths():
+    """Sensitivity growing with width alone reads depends; add instability that the deep study
+    saw (unscaled unstable at most high LRs, scaled never) and it reads supported."""
+    def arm(share, n):
+        return {"unstable": {str(s): share[s] for s in range(6)}, "n_runs": 18,
+                "n_unstable": n, "peak_logit": 1e5}
+    never = arm([0.0] * 6, 0)
+    often = arm([1.0, 2 / 3, 1.0, 1.0, 2 / 3, 1.0], 16)
+    ev = c11(Draw(0), (0.05, 0.3))
+    ev["unstable"] = {"cells": {"d_model=256": {"scaled_dot": never, "dot": often}},
+                      "steps": 1000, "lrs": [0.03, 0.1, 0.3]}
+    v = judge(ev)
+    assert v.numbers["deep d_model=256 unstable: dot − scaled_dot"].greater()
+    assert v.verdict == "supported" and "16 of 36 were unstable" in v.plain[1]
+    ev["unstable"]["cells"]["d_model=256"]["dot"] = never
+    v = judge(ev)
+    assert v.verdict == "depends" and "not observed at this scale either" in v.plain[1]

@@ -9,6 +9,7 @@ draws (or fails loudly without data)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from attnscale.audit.claim import Sources
 from attnscale.audit.claims import c12_logits_o1 as M
 from attnscale.audit.studies import PRESETS, studies
 from attnscale.audit.verdicts import MissingEvidence
+from attnscale.lab.records import Run
 
 SEEDS6 = [str(i) for i in range(6)]
 LRS = ("0.001", "0.01", "0.1")
@@ -243,10 +245,10 @@ def run(seed, lr, d, init, std0, weight, status="done", variant="scaled_dot"):
     layer = {"row_logit_std": std0, "row_freeze_ratio": 0.1}
     end = [{"max_weight": weight, "saturated_fraction": weight / 2, "max_abs_logit": 50 * lr},
            {"max_weight": weight / 2, "saturated_fraction": weight, "max_abs_logit": 7.0}]
-    return {"id": f"{variant}-{seed}-{lr}-{d}-{init}", "variant": variant, "status": status,
-            "final_loss": 2.0 + lr, "config": {"seed": seed, "lr": lr, "d_model": d,
-                                               "init": init},
-            "history": [{"loss": 3.0, "layers": [layer, layer]}, {"loss": 2.0, "layers": end}]}
+    return Run.from_row({
+        "id": f"{variant}-{seed}-{lr}-{d}-{init}", "variant": variant, "status": status,
+        "final_loss": 2.0 + lr, "config": {"seed": seed, "lr": lr, "d_model": d, "init": init},
+        "history": [{"loss": 3.0, "layers": [layer, layer]}, {"loss": 2.0, "layers": end}]})
 
 
 def test_c12_gathers_the_saturation_from_real_runs_at_every_lr():
@@ -262,14 +264,14 @@ def test_c12_gathers_the_saturation_from_real_runs_at_every_lr():
                  for lr in text.lrs for d in text.cells["d_model"] for init in text.cells["init"]]
     text_runs += [run(s, lr, d, "unit", 0.01, 0.9, variant="dot") for s in text.seeds
                   for lr in text.lrs for d in text.cells["d_model"]]  # not scaled_dot
-    text_runs[0]["status"] = "diverged"
+    text_runs[0] = replace(text_runs[0], status="diverged")
     src = Sources(preset=PRESETS["tiny"], studies=plan, measured={},
                   runs={"head_dim": head_runs, "lr_text": text_runs})
     got = M.CLAIM.gather(src)
     assert got["init_std"]["unit"]["16"] == {"0": 1.0, "1": 1.1, "2": 1.2}
     assert set(got["trained"]) == set(text.cells["init"])
     width, lr = f"d_model={text.cells['d_model'][0]}", str(float(text.lrs[0]))
-    first = text_runs[0]["config"]["init"]
+    first = text_runs[0].config.model.init
     cell_ = got["trained"][first][width]
     assert cell_["max_weight"][lr] == pytest.approx({"0": 1.0, "1": 0.21, "2": 0.22})
     assert cell_["saturated_fraction"][lr] == pytest.approx({"0": 1.0, "1": 0.21, "2": 0.22})
@@ -277,7 +279,7 @@ def test_c12_gathers_the_saturation_from_real_runs_at_every_lr():
     assert cell_["max_abs_logit"][lr]["1"] == pytest.approx(7.0)
     assert got["n"] == text.base["seq_len"] and got["steps"] == text.base["steps"]
     M.CLAIM.judge(M.CLAIM.read(got))  # it reads
-    del text_runs[1]["history"][-1]["layers"][0]["max_weight"]
+    del text_runs[1].history[-1]["layers"][0]["max_weight"]
     with pytest.raises(MissingEvidence, match="logged no 'max_weight'"):
         M.CLAIM.gather(Sources(preset=PRESETS["tiny"], studies=plan, measured={},
                                runs={"head_dim": head_runs, "lr_text": text_runs}))
@@ -287,7 +289,7 @@ def test_final_stat_reads_the_largest_layer_and_a_blow_up_as_saturated():
     r = run(0, 1e-2, 32, "unit", 1.0, 0.4)
     assert M.final_stat(r, "max_weight") == 0.4  # the larger of 0.4 and 0.2
     assert M.final_stat(r, "saturated_fraction") == 0.4
-    r["history"][-1]["layers"][1]["max_weight"] = None  # logged, not finite
+    r.history[-1]["layers"][1]["max_weight"] = None  # logged, not finite
     assert M.final_stat(r, "max_weight") == 1.0
     gone = run(0, 1e-2, 32, "unit", 1.0, 0.4, status="diverged")
     assert M.final_stat(gone, "max_abs_logit") == math.inf

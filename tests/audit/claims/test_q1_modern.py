@@ -154,7 +154,7 @@ def test_q1_answers_and_registration():
     assert get_claim("Q1") is M.CLAIM and M.CLAIM.question
     assert set(M.CLAIM.answers) == set(V.VERDICTS)
     assert M.CLAIM.answers[V.REFUTED] == "None matched scaled dot's loss with lower LR sensitivity"
-    assert M.CLAIM.studies == ("lr_text",) and M.CLAIM.measurements == ()
+    assert M.CLAIM.studies == ("lr_text", "lr_text_gpt2") and M.CLAIM.measurements == ()
     assert M.CLAIM.text == "Which alternatives do modern models use, and how do they compare?"
     assert "Q1" in CLAIMS_MD
 
@@ -172,9 +172,12 @@ def test_q1_evidence_missing_a_field_is_missing_evidence():
 
 def test_q1_gathers_the_text_study():
     ev = q1(Draw(3), dict.fromkeys(WIDTHS, MATCHES))
+    gpt2 = {"loss": {"init=gpt2 d_model=128": {}}, "sweep": {}, "entropy_init": {}}
     src = Sources(preset=None, studies={}, runs={}, measured={},
-                  memo={("lr_text", lr_text_evidence): ev})
-    assert M.CLAIM.gather(src) is ev
+                  memo={("lr_text", lr_text_evidence): ev,
+                        ("lr_text_gpt2", lr_text_evidence): gpt2})
+    got = M.CLAIM.gather(src)
+    assert got["loss"] == {**ev["loss"], **gpt2["loss"]} and got["lrs"] == ev["lrs"]
 
 
 # ------------------------------------------------------------------------------ sentences

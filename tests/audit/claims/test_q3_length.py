@@ -36,6 +36,7 @@ from attnscale.audit.compare import mean
 from attnscale.audit.studies import PRESETS, studies
 from attnscale.audit.verdicts import LOSS_DELTA, MissingEvidence
 from attnscale.lab.paired import NOT_MEASURABLE
+from attnscale.lab.records import Run
 
 LENGTHS = ("n=32", "n=64", "n=128")
 FACTORS = {"n=64": 1.2, "n=128": 1.4}
@@ -92,9 +93,9 @@ def test_the_trained_arms_are_context_and_never_move_the_verdict():
     for trained in ((0.0, -0.5, -0.5), (0.0, 0.5, 0.5)):
         v = decide(q3(Draw(9), (0.0, 0.0, 0.0), trained=trained))
         assert v.verdict == "refuted"
-        assert {f"{a} {k}" for a in M.TRAINED for k in LENGTHS[1:]} <= set(v.numbers)
+        assert {f"{a} {k} (context)" for a in M.TRAINED for k in LENGTHS[1:]} <= set(v.numbers)
         reading = "less" if trained[1] < 0 else "greater"
-        assert v.numbers["log_length n=128"].reading == reading
+        assert v.numbers["log_length n=128 (context)"].reading == reading
     better = decide(q3(Draw(9), (0.0, 0.0, 0.0), trained=(0.0, -0.5, -0.5)))
     assert any(s.startswith("Context, each arm at its own LR: trained log-length scaling")
                for s in better.plain)
@@ -236,9 +237,9 @@ def test_the_takeaway_names_the_factor_and_the_answer():
 def run(variant, seed, lr=0.01, metrics=None, seq_len=32):
     """A finished length-study run with final metrics ``metrics``."""
     cfg = {**studies(PRESETS["tiny"])["length"].base, "lr": lr, "seed": seed}
-    return {"id": f"{variant}-{seed}-{lr}", "variant": variant, "status": "done",
-            "config": cfg, "final_loss": 0.1, "initial_loss": 3.0, "history": [],
-            "final_metrics": metrics or {}}
+    return Run.from_row({"id": f"{variant}-{seed}-{lr}", "variant": variant, "status": "done",
+                         "config": cfg, "final_loss": 0.1, "initial_loss": 3.0, "history": [],
+                         "final_metrics": metrics or {}})
 
 
 def metrics(plain, sharp):

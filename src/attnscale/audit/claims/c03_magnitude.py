@@ -17,7 +17,7 @@ from typing import Any
 from attnscale.audit import figure_text as T
 from attnscale.audit.claim import Claim, Figure, Says, Sources, register
 from attnscale.audit.compare import family, mean
-from attnscale.audit.evidence import Accuracy, accuracy_evidence
+from attnscale.audit.evidence import Accuracy, Run, accuracy_evidence
 from attnscale.audit.evidence import chance as task_chance
 from attnscale.audit.figures import fig_arms, fig_forest
 from attnscale.audit.studies import Study
@@ -104,7 +104,7 @@ def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> lis
     return figs
 
 
-def salience_evidence(study: Study, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def salience_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
     """Accuracy per arm of the salience study, its control arms and its chance level."""
     return accuracy_evidence(study, runs, controls=[a for a in study.arms if a in CONTROLS],
                              chance=task_chance(study))
@@ -120,9 +120,9 @@ def says_alternatives(e: dict[str, Any]) -> list[str]:
     if not c3:
         return []
     best = max(c3.values(), key=lambda c: c["mean"])
-    lead = {SUPPORTED: "It cannot see a cue carried by ‖k‖ alone",
-            REFUTED: "It still found a cue carried by ‖k‖ alone"}.get(
-        e["verdict"], "Whether it loses a cue carried by ‖k‖ alone was not decided")
+    lead = {SUPPORTED: "Cosine attention cannot see a cue carried by ‖k‖ alone",
+            REFUTED: "Cosine attention still found a cue carried by ‖k‖ alone"}.get(
+        e["verdict"], "Whether cosine attention loses a cue carried by ‖k‖ alone was not decided")
     return [f"{lead}: its best accuracy is {abs(best['mean']):.2f} "
             f"{'below' if best['mean'] < 0 else 'above'} scaled dot's (C3)."]
 

@@ -16,10 +16,11 @@ from typing import Any
 
 from attnscale.audit.claim import Claim, Figure, Sources, register
 from attnscale.audit.compare import Pair, family, mean
+from attnscale.audit.deep_readings import LongText, long_text_evidence
 from attnscale.audit.evidence import LRText, Model, Tau, lr_text_evidence, tau_evidence
 from attnscale.audit.figures import fig_forest
 from attnscale.audit.interval import Comparison
-from attnscale.audit.readings import GPT2, UNIT
+from attnscale.audit.readings import GPT2, UNIT, text_evidence
 from attnscale.audit.verdicts import (
     DEPENDS,
     INCONCLUSIVE,
@@ -42,7 +43,9 @@ RULE = ("Scaled dot product against the thread's alternatives (unscaled dot, cos
         "more than 0.02 nats; refuted if every rival is no worse (non-inferior within δ); "
         "depends if some are worse and some no worse; inconclusive otherwise. The same text "
         "comparisons under GPT-2's init (q·k near 0 at init) are shown as context, in their "
-        "own Holm family, and do not enter the verdict")
+        "own Holm family, and do not enter the verdict. With --deep, the 1,500-step text "
+        "study's unit-init comparisons at width 128 join the deciding family (its GPT-2 ones "
+        "the context), and the page says what the verdict would read without them")
 LAST = {SUPPORTED: "Scaled dot product wins every comparison, each arm at its own LR.",
         REFUTED: "No comparison favours scaled dot product, each arm at its own LR.",
         DEPENDS: "Which alternative and which task decide it; each arm had its own LR.",
@@ -56,6 +59,7 @@ class Evidence(Model):
 
     text: LRText
     retrieval: Tau
+    long: LongText | None = None  # the deep preset's 1,500-step text study
 
 
 def text_pairs_in(ev: LRText, init: str, label: str) -> dict[str, Pair]:
@@ -88,19 +92,36 @@ def levels_sentence(text: LRText) -> str:
             f"{lv.get('bigram', math.nan):.2f} for its bigram model.")
 
 
+def long_pairs(long: LongText | None, init: str, label: str) -> dict[str, Pair]:
+    """rival − scaled_dot clipped loss in the 1,500-step study's cell of ``init``."""
+    if long is None:
+        return {}
+    row = long.loss.get(f"init={init}", {})
+    return {f"{label}: {r}": (row.get(r), row.get("scaled_dot")) for r in RIVALS if r in row}
+
+
+def decide(comps: Mapping[str, Comparison]) -> str:
+    """Every rival worse: supported; every one no worse: refuted; some of each: depends."""
+    marks = ["worse" if c.greater() else "fine" if c.no_worse() else INCONCLUSIVE
+             for c in comps.values()]
+    return aggregate(marks, {"worse"}, {"fine"})
+
+
 def judge(ev: Evidence) -> Verdict:
-    """scaled_dot against dot and cosine τ=1 at unit init, on text at every width and on
-    retrieval: clipped loss rival − scaled_dot, Holm over every comparison, δ = 0.02 nats."""
+    """scaled_dot against dot and cosine τ=1 at unit init, on text at every width (and, with
+    --deep, after 1,500 steps) and on retrieval: clipped loss rival − scaled_dot, Holm over
+    every comparison, δ = 0.02 nats."""
     pairs = text_pairs_in(ev.text, UNIT, "unit init")
     retrieval = ev.retrieval.loss["all"]
     pairs.update({f"retrieval: {r}": (retrieval.get(r), retrieval.get("scaled_dot"))
                   for r in RIVALS})
-    comps = family(pairs, LOSS_DELTA)
-    context = text_pairs_in(ev.text, GPT2, CONTEXT)
+    steps = ev.long.steps if ev.long else 0
+    long = long_pairs(ev.long, UNIT, f"unit init, {steps} steps")
+    comps = family({**pairs, **long}, LOSS_DELTA)
+    context = {**text_pairs_in(ev.text, GPT2, CONTEXT),
+               **long_pairs(ev.long, GPT2, f"{CONTEXT}, {steps} steps")}
     ctx = family(context, LOSS_DELTA) if context else {}
-    marks = ["worse" if c.greater() else "fine" if c.no_worse() else INCONCLUSIVE
-             for c in comps.values()]
-    verdict = aggregate(marks, {"worse"}, {"fine"})
+    verdict = decide(comps)
     lost = [k for k, c in comps.items() if c.greater()]
     held = [k for k, c in comps.items() if c.no_worse()]
     plain = [f"With unit-variance q, k at init, scaled dot product beats {len(lost)} of "
@@ -108,6 +129,10 @@ def judge(ev: Evidence) -> Verdict:
              f"It is matched or beaten in {', '.join(held) or 'none'}.",
              LAST[verdict], context_sentence(ctx)]
     plain += [x for x in [levels_sentence(ev.text)] if x]
+    if long:  # say what the longer study changes
+        without = decide(family(pairs, LOSS_DELTA))
+        plain.append(f"Without the {steps}-step study this verdict would read {without}"
+                     f"{' too' if without == verdict else ''}.")
     return Verdict(verdict, RULE, "; ".join(f"{k} {c.effect('nats')}"
                                             for k, c in {**comps, **ctx}.items()),
                    {**comps, **ctx},
@@ -129,12 +154,14 @@ def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> lis
 
 
 def gather(src: Sources) -> dict[str, Any]:
-    return {"text": src.study("lr_text", lr_text_evidence),
-            "retrieval": src.study("tau", tau_evidence)}
+    return {"text": text_evidence(src.study("lr_text", lr_text_evidence),
+                                  src.study("lr_text_gpt2", lr_text_evidence)),
+            "retrieval": src.study("tau", tau_evidence),
+            "long": src.study("long_text", long_text_evidence)}
 
 
 CLAIM = register(Claim(
     id="C6", text="Empirical evidence favours the scaled dot product.",
     measures="text at two widths and retrieval, LRs chosen on other seeds: paired losses",
     rule=RULE, evidence=Evidence, gather=gather, judge=judge, draw=draw,
-    studies=("lr_text", "tau")))
+    studies=("lr_text", "lr_text_gpt2", "tau", "long_text")))

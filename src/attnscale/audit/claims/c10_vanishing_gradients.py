@@ -38,7 +38,7 @@ from matplotlib.patches import Patch
 from pydantic import Field
 
 from attnscale.audit.claim import Claim, Figure, Measurement, Sources, register
-from attnscale.audit.evidence import Model, head_dim_evidence, trained_saturation
+from attnscale.audit.evidence import Model, Run, head_dim_evidence, trained_saturation
 from attnscale.audit.figure_text import finite
 from attnscale.audit.interval import Interval
 from attnscale.audit.jacobian_readings import (  # C10's deep-saturation context
@@ -397,19 +397,19 @@ def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> lis
     return [save(fig, folder, "c10_jacobian", alt(ev, per_n))]
 
 
-def step0_std(study: Study, runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+def step0_std(study: Study, runs: list[Run]) -> dict[str, dict[str, float]]:
     """init -> d_k -> unscaled dot's largest step-0 row logit std (over reported seeds and
     layers) in a one-head study; runs that logged none are left out."""
     out: dict[str, dict[str, float]] = {}
     for r in runs:
-        history = r.get("history") or []
-        if r.get("variant") != "dot" or r["config"]["seed"] not in study.seeds or not history:
+        history = r.history
+        if r.variant != "dot" or r.seed not in study.seeds or not history:
             continue
         vals = [x.get("row_logit_std") for x in history[0].get("layers") or []]
         vals = [float(v) for v in vals if v is not None and math.isfinite(v)]
         if vals:
-            row = out.setdefault(str(r["config"]["init"]), {})
-            d = str(r["config"]["d_model"])
+            row = out.setdefault(str(r.config.model.init), {})
+            d = str(r.config.model.d_model)
             row[d] = max(row.get(d, 0.0), *vals)
     return out
 

@@ -26,10 +26,17 @@ from matplotlib.lines import Line2D
 
 from attnscale.audit.claim import Claim, Figure, Says, Sources, register
 from attnscale.audit.compare import Pair, family
+from attnscale.audit.deep_readings import (
+    Unstable,
+    unstable_evidence,
+    unstable_pairs,
+    unstable_sentence,
+)
 from attnscale.audit.evidence import Arm, LRText, SweepArm, lr_text_evidence
 from attnscale.audit.figure_text import finite, n_seeds, sci
 from attnscale.audit.figures import fig_forest
 from attnscale.audit.interval import Comparison
+from attnscale.audit.readings import text_evidence
 from attnscale.audit.sweep_readings import SweepKey, divergence_counts, sweep_arm
 from attnscale.audit.theory_plots import below, save
 from attnscale.audit.verdicts import (
@@ -55,13 +62,24 @@ RULE = ("LR sweep at two widths; the unit-variance init cells decide, GPT-2 init
         "smallest effect 0.6/|grid|: one more unstable LR is real); where none was, "
         "instability is 'not observed at this scale' and is not a comparison; and the growth "
         "of the sensitivity excess from the smaller to the larger width. Supported if dot is "
-        "more sensitive or more unstable at the larger width AND the sensitivity excess grows "
-        "with width; refuted if dot is no worse (non-inferior within δ) on every measure read, "
-        "at every width; depends if dot is worse somewhere but the excess does not grow; "
-        "inconclusive otherwise. Holm over the per-width comparisons (the rule reads them "
-        "through 'or' and 'somewhere'); the growth, only ever read through 'and', alone")
+        "more unstable at the larger width AND the sensitivity excess grows with width (the "
+        "claim is about instability: more LR sensitivity without a single unstable run is "
+        "not it); refuted if dot is no worse (non-inferior within δ) on every measure read, "
+        "at every width; depends if dot is worse somewhere otherwise (e.g. more LR-sensitive, "
+        "and more so when wider, but never unstable); inconclusive otherwise. Holm over the "
+        "per-width comparisons (the rule reads them "
+        "through 'or' and 'somewhere'); the growth, only ever read through 'and', alone. "
+        "With --deep, the instability study (1,000 steps, widths 64 and 256, high LRs, with "
+        "and without the gradient clip) adds its dot − scaled_dot unstable shares where some "
+        "run was unstable, read as the larger width's")
 
-Evidence = LRText  # the text LR study (evidence.lr_text_evidence), typed
+
+
+class Evidence(LRText):
+    """The text LR study (:func:`attnscale.audit.evidence.lr_text_evidence`) and, in the deep
+    preset, its instability study (:func:`attnscale.audit.deep_readings.unstable_evidence`)."""
+
+    unstable: Unstable | None = None
 
 
 def parts(label: str) -> dict[str, str]:
@@ -128,6 +146,10 @@ def c11_family(ev: LRText, init: str) -> dict[str, Comparison]:
             pairs[f"{w} {key}"] = (sweep_arm(ev, w, "dot", key),
                                    sweep_arm(ev, w, "scaled_dot", key))
             deltas[f"{w} {key}"] = delta
+    if isinstance(ev, Evidence) and ev.unstable is not None and init == UNIT:
+        deep = unstable_pairs(ev.unstable)  # read through "or", like the per-width ones
+        pairs.update(deep)
+        deltas.update(dict.fromkeys(deep, 0.6 / len(ev.unstable.lrs)))
     grow = excess(ev, cells[0], cells[-1], "sensitivity") if len(cells) > 1 else Arm(values={})
     pairs["growth"] = (grow, Arm(values=dict.fromkeys(grow.values, 0.0)))
     deltas["growth"] = LOSS_DELTA
@@ -136,14 +158,16 @@ def c11_family(ev: LRText, init: str) -> dict[str, Comparison]:
 
 def verdict_of(comps: Mapping[str, Comparison], largest: str) -> str:
     """Supported, refuted, depends or inconclusive, as :data:`RULE` says."""
-    large = [c for k, c in comps.items() if k.startswith(largest + " ")]
+    large = [c for k, c in comps.items() if k.startswith((largest + " ", "deep "))]
     per_width = [c for k, c in comps.items() if k != "growth"]
     growth = comps["growth"]
-    if any(c.greater() for c in large) and growth.greater():
+    # the claim is about instability: LR sensitivity alone, however it grows, is not it
+    unstable = [c for k, c in comps.items() if "unstable" in k and c in large]
+    if any(c.greater() for c in unstable) and growth.greater():
         return SUPPORTED
     if per_width and all(c.no_worse() for c in per_width):
         return REFUTED
-    if any(c.greater() for c in per_width) and growth.no_worse():
+    if any(c.greater() for c in per_width):
         return DEPENDS
     return INCONCLUSIVE
 
@@ -153,15 +177,16 @@ def instability_text(ev: LRText, comps: Mapping[str, Comparison]) -> str:
     arms = [a for row in ev.sweep.values() for a in row.values()]
     runs, bad = sum(a.n_runs for a in arms), unstable_runs(arms)
     widths = ", ".join(sorted({parts(w).get("d_model", "?") for w in ev.sweep}, key=int))
+    deep = unstable_sentence(ev.unstable) if isinstance(ev, Evidence) else ""
     if not bad:
         return (f"Instability is not observed at this scale: no run of any arm at any LR was "
                 f"unstable (0 of {runs}: none diverged, none blew up and stayed up; widths "
-                f"{widths}, {ev.n} tokens). {LITERATURE}.")
+                f"{widths}, {ev.n} tokens). {deep} {LITERATURE}.")
     read = [f"{width(k[:-len(' unstable')])} {c.effect('of the grid')}"
             for k, c in comps.items() if k.endswith(" unstable")]
     where = "; ".join(read) if read else "none in the deciding cells"
     return (f"{bad} of {runs} runs were unstable; dot − scaled_dot unstable share of the LR "
-            f"grid: {where}. {LITERATURE}.")
+            f"grid: {where}. {deep} {LITERATURE}.")
 
 
 def regime_of(ev: LRText) -> str:
@@ -305,8 +330,11 @@ def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> lis
 
 
 def gather(src: Sources) -> dict[str, Any]:
-    """The text LR study's evidence (:func:`attnscale.audit.evidence.lr_text_evidence`)."""
-    return src.study("lr_text", lr_text_evidence)
+    """The text LR study's evidence (:func:`attnscale.audit.evidence.lr_text_evidence`) and the
+    deep instability study's (None outside ``--deep``)."""
+    return {**text_evidence(src.study("lr_text", lr_text_evidence),
+                            src.study("lr_text_gpt2", lr_text_evidence)),
+            "unstable": src.study("unstable", unstable_evidence)}
 
 
 def _peak(ev: dict[str, Any], cell: str, arm: str) -> tuple[float, float] | None:
@@ -348,5 +376,5 @@ CLAIM = register(Claim(
     measures="LR sweeps at two widths in two init regimes: LR sensitivity, instability where "
              "observed, max |logit|",
     rule=RULE, evidence=Evidence, gather=gather, judge=judge, draw=draw,
-    studies=("lr_text",),
+    studies=("lr_text", "lr_text_gpt2", "unstable"),
     says=(Says("when", says_when, rank=10),)))

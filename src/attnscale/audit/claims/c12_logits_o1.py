@@ -32,7 +32,7 @@ import numpy as np
 
 from attnscale.audit.claim import Claim, Figure, Sources, register
 from attnscale.audit.compare import Pair, family
-from attnscale.audit.evidence import Arm, Model, row_spread_evidence
+from attnscale.audit.evidence import Arm, Model, Run, row_spread_evidence
 from attnscale.audit.figure_text import arm_ci, finite
 from attnscale.audit.interval import Comparison
 from attnscale.audit.selection import cell_label, cells, in_cell
@@ -154,7 +154,10 @@ def verdict_of(unit: list[float], cmp: Mapping[str, Comparison]) -> tuple[str, b
         return REFUTED, init_ok, more
     if more:
         return DEPENDS, init_ok, more
-    if cmp and all(c.no_worse() for c in cmp.values()):
+    # a matched LR where both widths saturate identically on every seed (e.g. rows at the 1/n
+    # floor) is not measurable: it neither blocks nor makes the verdict; at least one must be
+    read = [c for c in cmp.values() if c.measurable()]
+    if read and all(c.no_worse() for c in read):
         return SUPPORTED, init_ok, more
     return INCONCLUSIVE, init_ok, more
 
@@ -267,8 +270,9 @@ def width_sentence(cmp: Mapping[str, Comparison], more: list[str]) -> str | None
         return (f"At a matched LR the wider model's attention saturates more, at "
                 f"{grouped(more)}: " + "; ".join(f"{k}: {cmp[k].effect()}" for k in more)
                 + ".")
-    if all(c.no_worse() for c in cmp.values()):
-        big = max(cmp.items(), key=lambda kc: kc[1].mean)
+    read = {k: c for k, c in cmp.items() if c.measurable()}
+    if read and all(c.no_worse() for c in read.values()):
+        big = max(read.items(), key=lambda kc: kc[1].mean)
         return (f"At every matched LR the wider model saturates no more than the narrower one "
                 f"(largest difference {big[0]}: {big[1].effect()}).")
     if not any(c.measurable() for c in cmp.values()):
@@ -356,36 +360,36 @@ def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> lis
     return [save(fig, folder, "c12_saturation", alt(ev, numbers))]
 
 
-def final_stat(run: Mapping[str, Any], name: str) -> float:
+def final_stat(run: Run, name: str) -> float:
     """The largest over layers of ``name`` at the run's last logged step; :data:`BLOWN` for a
     run that diverged or a layer that logged None (its logits blew up);
     :class:`MissingEvidence` naming the run when it logged no such statistic."""
-    if run.get("status") == "diverged":
+    if run.status == "diverged":
         return BLOWN[name]
-    history = run.get("history") or []
+    history = run.history
     layers = (history[-1].get("layers") or []) if history else []
     if not layers or any(name not in x for x in layers):
-        raise MissingEvidence(f"run {run.get('id')} logged no {name!r} (stored before it was "
+        raise MissingEvidence(f"run {run.id} logged no {name!r} (stored before it was "
                               "logged: train again into a new results database)")
     values = [x[name] for x in layers]
     return BLOWN[name] if any(v is None for v in values) else float(max(values))
 
 
-def trained_evidence(study: Study, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def trained_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
     """init -> width label -> :class:`Trained` as a dict: scaled_dot's reported seeds at every
     LR; a cell without an init axis counts as GPT-2 init."""
     out: dict[str, Any] = {}
     done = analysis.finished(runs)
     for cell in cells(study):
         mine = [r for r in done if in_cell(r, cell, "scaled_dot")
-                and r["config"]["seed"] in study.seeds]
+                and r.seed in study.seeds]
         if not mine:
             continue
         axes = dict(cell)
         init = str(axes.pop("init", GPT2))
         row: dict[str, ByLR] = {name: {} for name in BLOWN}
         for r in mine:
-            lr, seed = str(float(r["config"]["lr"])), str(r["config"]["seed"])
+            lr, seed = str(r.lr), str(r.seed)
             for name in BLOWN:
                 row[name].setdefault(lr, {})[seed] = final_stat(r, name)
         out.setdefault(init, {})[cell_label(tuple(axes.items()))] = row

@@ -143,9 +143,10 @@ def says_scale(e: dict[str, Any]) -> list[str]:
 
 def says_answer(e: dict[str, Any]) -> list[str]:
     """Keep the scale or not, in one sentence from the verdict."""
-    return [{SUPPORTED: "Keep 1/√d_k, or something that does its job (QK-norm, a tuned "
-                        "temperature): with q and k of unit-variance components at init, "
-                        "dropping it costs loss, and more the larger d_k (C13).",
+    return [{SUPPORTED: "Keep 1/√d_k (or a score that sets the logit scale another way; the "
+                        "alternatives below say which held up): with q and k of unit-variance "
+                        "components at init, dropping it costs loss, and more the larger d_k "
+                        "(C13).",
              DEPENDS: "Keep 1/√d_k: without it the loss was worse at large d_k, though the gap "
                       "did not grow with d_k here (C13).",
              REFUTED: "At this scale dropping 1/√d_k cost nothing measurable (C13).",

@@ -21,7 +21,7 @@ from attnscale.audit.evidence import LRText, lr_text_evidence
 from attnscale.audit.figure_text import n_seeds
 from attnscale.audit.figures import fig_forest
 from attnscale.audit.interval import Comparison
-from attnscale.audit.readings import GPT2, UNIT
+from attnscale.audit.readings import GPT2, UNIT, text_evidence
 from attnscale.audit.sweep_readings import divergence_counts, sweep_arm, sweep_regime
 from attnscale.audit.verdicts import (
     DEPENDS,
@@ -208,13 +208,14 @@ def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> lis
 
 def gather(src: Sources) -> dict[str, Any]:
     """The text LR study's evidence (:func:`attnscale.audit.evidence.lr_text_evidence`)."""
-    return src.study("lr_text", lr_text_evidence)
+    return text_evidence(src.study("lr_text", lr_text_evidence),
+                         src.study("lr_text_gpt2", lr_text_evidence))
 
 
 CLAIM = register(Claim(
     id="Q1", text="Which alternatives do modern models use, and how do they compare?",
     measures="modern scores on the same LR sweep at two widths", rule=RULE,
-    evidence=Evidence, gather=gather, judge=judge, draw=draw, studies=("lr_text",),
+    evidence=Evidence, gather=gather, judge=judge, draw=draw, studies=("lr_text", "lr_text_gpt2"),
     answers=ANSWERS,
     says=(Says("answer", says_answer, rank=20), Says("alternatives", says_alternatives, rank=10),
           Says("when", says_when, rank=20))))

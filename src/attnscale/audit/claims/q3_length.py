@@ -29,12 +29,13 @@ import matplotlib.pyplot as plt
 from attnscale.audit import figure_text as T
 from attnscale.audit.claim import Claim, Figure, Says, Sources, register
 from attnscale.audit.compare import Pair, family, mean
-from attnscale.audit.evidence import ArmTable, Length, arms_table, length_evidence
+from attnscale.audit.evidence import ArmTable, Length, Run, arms_table, length_evidence
 from attnscale.audit.interval import Comparison
 from attnscale.audit.studies import Study
 from attnscale.audit.task_readings import learned, not_learned
 from attnscale.audit.theory_plots import outside, save, yerr
 from attnscale.audit.verdicts import (
+    CONTEXT,
     DEPENDS,
     INCONCLUSIVE,
     LOSS_DELTA,
@@ -88,14 +89,14 @@ class Evidence(Length):
 
 
 def _at(key: str, field: str) -> Any:
-    def read(r: Mapping[str, Any]) -> float | None:
-        v = (r.get("final_metrics") or {}).get(key)
+    def read(r: Run) -> float | None:
+        v = r.final_metrics.get(key)
         v = v.get(field) if isinstance(v, dict) else None
         return float(v) if v is not None and math.isfinite(v) else None
     return read
 
 
-def q3_evidence(study: Study, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def q3_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
     """:func:`attnscale.audit.evidence.length_evidence`, plus scaled_dot's eval loss, accuracy
     and answer weight with the log-n factor at each length past n (the runs' ``log_n:n=<L>``
     final metrics) and the factor β = ln L / ln n. :class:`MissingEvidence` for a scaled_dot
@@ -104,10 +105,10 @@ def q3_evidence(study: Study, runs: list[dict[str, Any]]) -> dict[str, Any]:
     n = int(study.base["seq_len"])
     longer = [k for k in ev["lengths"] if int(k.split("=")[1]) > n]
     for r in runs:
-        have = r.get("final_metrics") or {}
-        if r.get("variant") == "scaled_dot" and have and any(log_n_key(k) not in have
-                                                             for k in longer):
-            raise MissingEvidence(f"run {r.get('id')} has no log-n evaluation (stored before "
+        have = r.final_metrics
+        if r.variant == "scaled_dot" and have and any(log_n_key(k) not in have
+                                                      for k in longer):
+            raise MissingEvidence(f"run {r.id} has no log-n evaluation (stored before "
                                   "it was measured: train again into a new results database)")
     scaled = replace(study, arms=("scaled_dot",))
     def table(field: str) -> dict[str, Any]:
@@ -133,7 +134,7 @@ def factor_pairs(ev: Evidence) -> dict[str, Pair]:
 
 def trained_pairs(ev: Evidence) -> dict[str, Pair]:
     """Part 2: each trained log-length arm − scaled_dot, at each length past n."""
-    return {f"{a} {k}": (ev.loss[k]["all"].get(a), scaled(ev.loss, k))
+    return {f"{a} {k} {CONTEXT}": (ev.loss[k]["all"].get(a), scaled(ev.loss, k))
             for a in TRAINED for k in ev.lengths[1:] if a in ev.loss.get(k, {}).get("all", {})}
 
 
@@ -164,7 +165,7 @@ def sentences(ev: Evidence, trained: Mapping[str, Comparison], verdict: str) -> 
            f"{row(ev.log_n_answer_weight, longer, 2)}."]
     far = longer[-1] if longer else None
     said = [f"{a} {fx(c.model_dump())}" for k, c in trained.items()
-            for a in TRAINED if k == f"{a} {far}"]
+            for a in TRAINED if k == f"{a} {far} {CONTEXT}"]
     if said:
         out.append(f"Context, each arm at its own LR: trained log-length scaling against "
                    f"scaled_dot at {far}: {'; '.join(said)}.")

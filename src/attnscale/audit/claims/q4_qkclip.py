@@ -10,41 +10,38 @@ K2 keeps 1/√d_k and adds the clip on top (τ = 100). Q4 asks it that way round
 * (b) on plain dot, in place of 1/√d_k: dot_qkclip τ − scaled_dot is no worse AND
   dot_qkclip τ − dot is less (the clip recovers the unscaled gap).
 
-Its own training study ("qkclip", :func:`build`) trains the four clipped arms in the head_dim
-study's setting where unscaled dot is worst (C13: unit-variance q, k at init, one head, the
-largest d_k, 256 in the standard preset), at τ = 10 and 30, which bind there (τ = 100 did not
-bind in the text LR sweep). scaled_dot and dot are read from the head_dim study's same cell:
-the same configs would have the same run ids, so a second study could not own them
-(:func:`attnscale.lab.sweep.config_id`), and they are the same runs either way.
+A τ *binds* for an arm when the clip acted in the second half of training in every reported
+run (:func:`late_clips`): one that acted only in the first steps' logit growth from unit init
+leaves the rest of training unclipped, and "no worse" would then say nothing of the clip.
+
+Its own study ("qkclip", :func:`build`) trains the four clipped arms where unscaled dot is worst
+(C13's unit init, one head, the largest d_k: 256 in the standard preset) at τ = 10 and 30, which
+bind there (τ = 100 did not bind in the text sweep); scaled_dot and dot are the head_dim study's
+runs of that cell (the same configs have the same run ids, :func:`lab.sweep.config_id`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from attnscale.audit import verdicts as V
 from attnscale.audit.claim import Claim, Figure, Says, Sources, Training, register
-from attnscale.audit.compare import family, undecided
+from attnscale.audit.compare import family
 from attnscale.audit.evidence import Arm, Model, Run, arms_table, clip_acted, head_dim_evidence
 from attnscale.audit.figure_text import finite, n_seeds
 from attnscale.audit.figures import fig_forest
 from attnscale.audit.interval import Comparison, Interval
 from attnscale.audit.selection import cell_label, cells
 from attnscale.audit.studies import TEXT, Preset, Study, schedule
-from attnscale.audit.verdicts import (
-    DEPENDS,
-    INCONCLUSIVE,
-    LOSS_DELTA,
-    LOSS_WHY,
-    REFUTED,
-    SUPPORTED,
-    Verdict,
-)
+from attnscale.audit.verdicts import DEPENDS, INCONCLUSIVE, REFUTED, SUPPORTED, Verdict
 from attnscale.audit.words import fx
+from attnscale.lab.paired import NOT_MEASURABLE
 
 STUDY = "qkclip"
 SCALED, DOT = "scaled_dot", "dot"
@@ -60,21 +57,26 @@ RULE = ("Own study in C13's setting where unscaled dot is worst: one head at the
         "largest d_k (256 in the standard preset), q, k of unit variance at init, each arm at "
         "its LR tuned on one tuning seed; QK-Clip at τ = 10 and 30. Paired per-seed "
         "differences of clipped loss, δ = 0.02 nats. (a) As Kimi K2 uses it, on top of scaled "
-        "dot: scaled_qkclip τ − scaled_dot no worse (non-inferior). (b) On plain dot, in place "
-        "of 1/√d_k: dot_qkclip τ − scaled_dot no worse AND dot_qkclip τ − dot less. A τ binds "
-        "for an arm when the clip acted in every reported run of it; a comparison whose clip "
-        "acted in no run is not measurable (the clip never acted), one whose clip acted in "
-        "some runs only is shown but decides nothing. Holm over τ within each kind of "
-        "comparison (the rule asks whether SOME τ works). Supported if at some τ that binds "
-        "for both clipped arms (a) and (b) hold; refuted if the clip on plain dot binds at "
-        "some τ and at every such τ dot_qkclip − scaled_dot reads greater; inconclusive "
-        "otherwise (this rule never reads depends)")
+        "dot: holds if scaled_qkclip τ − scaled_dot is no worse (non-inferior), fails if it "
+        "reads greater. (b) On plain dot, in place of 1/√d_k: holds if dot_qkclip τ − "
+        "scaled_dot is no worse AND dot_qkclip τ − dot less, fails if dot_qkclip τ − "
+        "scaled_dot reads greater. A τ binds for an arm when the clip acted in every reported "
+        "run of it AND in the second half of training in each (some history row after one at "
+        "step ≥ steps/2 has qk_clipped > 0); a comparison whose clip acted in no run is not "
+        "measurable (the clip never acted), one whose clip did not bind is shown but decides "
+        "nothing. Holm over τ within each kind of comparison (the rule asks whether SOME τ "
+        "works). Supported if at some τ that binds for both clipped arms (a) and (b) hold; "
+        "depends if one half holds at some binding τ and the other fails at every τ where it "
+        "binds; refuted if (a) fails at every τ where it binds, or (b) does, and the other "
+        "half holds at none; inconclusive otherwise")
 ANSWERS = {SUPPORTED: "Yes, where it binds: free on top of 1/√d_k, and on plain dot as good "
                       "as scaled dot",
-           REFUTED: "No: wherever it bound, QK-Clip on plain dot was worse than scaled dot",
-           DEPENDS: "(not a reading of this rule)",
-           INCONCLUSIVE: "Not decided: at no τ where the clip bound in every run did both "
-                         "halves hold, and on plain dot it was not worse at every such τ"}
+           REFUTED: "No: wherever it bound, QK-Clip cost loss on top of scaled dot, or on "
+                    "plain dot was worse than scaled dot, and the other half held nowhere",
+           DEPENDS: "Partly: one half held where the clip bound and the other failed wherever "
+                    "it bound (free on top of 1/√d_k but no stand-in for it, or the reverse)",
+           INCONCLUSIVE: "Not decided: at no τ where the clip bound did both halves hold, and "
+                         "neither half failed at every τ where it bound"}
 
 
 def head_dim_of(p: Preset) -> int:
@@ -94,11 +96,13 @@ def build(p: Preset) -> Study:
 class Evidence(Model):
     """Per arm in the study's one cell: the clipped loss per reported seed (scaled_dot and dot
     from the head_dim study's same cell), and for the clipped arms whether the clip acted
-    (1 or 0) and how many (step, head) clips it made, per seed at the same LR."""
+    (1 or 0), how many (step, head) clips it made, and how many of them in the second half of
+    training (:func:`late_clips`), per seed at the same LR."""
 
     loss: dict[str, Arm]
     acted: dict[str, Arm]
     clips: dict[str, Arm]
+    late: dict[str, Arm]
     d_k: int
     steps: int
     n_layers: int
@@ -106,16 +110,28 @@ class Evidence(Model):
 
 def clip_count(run: Run) -> float:
     """The (step, head) clips QK-Clip made in the run (its history rows' ``qk_clipped``)."""
-    return float(sum(row.get("qk_clipped") or 0 for row in run.get("history") or []))
+    return float(sum(row.get("qk_clipped") or 0 for row in run.history))
+
+
+def late_clips(run: Run) -> float:
+    """The clips QK-Clip made in the second half of training: the ``qk_clipped`` of history
+    rows whose previous row is at step ``steps``/2 or later. A row counts the clips made after
+    the updates since the previous row (:mod:`attnscale.lab.train`), so every clip counted here
+    came at step steps/2 or later (a row that straddles the midpoint is left out)."""
+    half = run.config.optim.steps / 2
+    rows = [r for r in run.history if r.get("step") is not None]
+    return float(sum(b.get("qk_clipped") or 0 for a, b in pairwise(rows) if a["step"] >= half))
 
 
 def qkclip_evidence(study: Study, runs: list[Run]) -> dict[str, Any]:
     """The study's one cell: per arm the clipped loss, whether the clip acted
-    (:func:`attnscale.audit.evidence.clip_acted`) and its clip count, per reported seed."""
+    (:func:`attnscale.audit.evidence.clip_acted`), its clip count and its late clip count
+    (:func:`late_clips`), per reported seed."""
     label = cell_label(cells(study)[0])
     tables = {"loss": arms_table(study, runs),
               "acted": arms_table(study, runs, lambda r: float(clip_acted(r))),
-              "clips": arms_table(study, runs, clip_count)}
+              "clips": arms_table(study, runs, clip_count),
+              "late": arms_table(study, runs, late_clips)}
     return {k: t.get(label, {}) for k, t in tables.items()}
 
 
@@ -126,7 +142,7 @@ def gather(src: Sources) -> dict[str, Any]:
     mine = src.study(STUDY, qkclip_evidence)
     base = src.study("head_dim", head_dim_evidence)["loss"].get(cell_label(cells(study)[0]), {})
     return {"loss": {**{a: base[a] for a in (SCALED, DOT) if a in base}, **mine["loss"]},
-            "acted": mine["acted"], "clips": mine["clips"],
+            "acted": mine["acted"], "clips": mine["clips"], "late": mine["late"],
             "d_k": study.cells["d_model"][0], "steps": study.base["steps"],
             "n_layers": study.base["n_layers"]}
 
@@ -142,24 +158,39 @@ def key(kind: str, tau: int) -> str:
     return f"τ={tau}: {clip_arm(score, tau)} − {base}"
 
 
-def acted(ev: Evidence, arm: str) -> tuple[int, int] | None:
-    """(reported runs the clip acted in, reported runs) of a clipped arm; None when unknown."""
-    a = ev.acted.get(arm)
+def acted(ev: Evidence, arm: str) -> tuple[int, int, int] | None:
+    """(reported runs the clip acted in, those it acted in during the second half of training,
+    reported runs) of a clipped arm; None when unknown."""
+    a, late = ev.acted.get(arm), ev.late.get(arm)
     if a is None or not a.values:
         return None
-    return sum(v > 0 for v in a.values.values()), len(a.values)
+    k_late = sum((late.values.get(s) or 0) > 0 for s in a.values) if late is not None else 0
+    return sum(v > 0 for v in a.values.values()), k_late, len(a.values)
 
 
 def binding(ev: Evidence, arm: str) -> str:
-    """"every", "some" or "none" of the arm's reported runs had the clip act ("unknown": not
-    recorded)."""
+    """"every" (it binds: the clip acted in the second half of training in every reported
+    run), "none" (it acted in no run), "some" otherwise, "unknown" (not recorded)."""
     k = acted(ev, arm)
-    return "unknown" if k is None else "none" if k[0] == 0 else "every" if k[0] == k[1] else "some"
+    return "unknown" if k is None else "none" if k[0] == 0 else "every" if k[1] == k[2] else "some"
+
+
+def never() -> Comparison:
+    """A comparison of a clipped arm whose clip never acted: the arm trained as its plain score,
+    so there is nothing of the clip to measure (:data:`NOT_MEASURABLE`, no seeds to plan)."""
+    nan = math.nan
+    return Comparison(mean=nan, lo=nan, hi=nan, n=0, reading=NOT_MEASURABLE,
+                      smallest=V.LOSS_DELTA, why=NEVER)
+
+
+def effect(c: Comparison) -> str:
+    """A comparison as the sentences quote it (one never read has no number to show)."""
+    return c.effect("nats") if finite(c.mean) else f"{c.reading} — {c.why}"
 
 
 def q4_family(ev: Evidence) -> dict[str, Comparison]:
     """Every comparison of the rule, by τ: a clipped arm whose clip never acted is not read
-    (undecided, :data:`NEVER`); the others are read with Holm over τ within each kind."""
+    (:func:`never`); the others are read with Holm over τ within each kind."""
     pairs, groups, idle = {}, {}, []
     for kind, (score, base) in KINDS.items():
         for tau in TAUS:
@@ -169,14 +200,14 @@ def q4_family(ev: Evidence) -> dict[str, Comparison]:
                 continue
             pairs[k] = (ev.loss.get(arm), ev.loss.get(base))
             groups.setdefault(kind, []).append(k)
-    comps = family(pairs, LOSS_DELTA, holm_over=list(groups.values())) if pairs else {}
-    comps.update({k: undecided(NEVER, LOSS_DELTA) for k in idle})
+    comps = family(pairs, V.LOSS_DELTA, holm_over=list(groups.values())) if pairs else {}
+    comps.update({k: never() for k in idle})
     return {key(kind, tau): comps[key(kind, tau)] for tau in TAUS for kind in KINDS}
 
 
 def marks(ev: Evidence, comps: Mapping[str, Comparison]) -> dict[int, tuple[str, str]]:
     """τ -> (on top of scaled dot, on plain dot): "idle" (the clip never acted), "partial" (it
-    acted in some runs only: decides nothing), "holds", "fails" or "open" (undecided)."""
+    did not bind: decides nothing), "holds", "fails" or "open" (undecided)."""
     out = {}
     for tau in TAUS:
         top, stand, recover = (comps[key(k, tau)] for k in KINDS)
@@ -192,13 +223,30 @@ def marks(ev: Evidence, comps: Mapping[str, Comparison]) -> dict[int, tuple[str,
     return out
 
 
+def half_of(xs: list[str]) -> str:
+    """One half of the question over τ: HOLDS at some τ where it binds, FAILS at every τ where
+    it binds (binding somewhere), OPEN otherwise."""
+    bound = [x for x in xs if x in (HOLDS, FAILS, OPEN)]
+    if HOLDS in bound:
+        return HOLDS
+    return FAILS if bound and all(x == FAILS for x in bound) else OPEN
+
+
+def halves(m: Mapping[int, tuple[str, str]]) -> tuple[str, str]:
+    """(on top of scaled dot, on plain dot), each over τ (:func:`half_of`)."""
+    return half_of([a for a, _ in m.values()]), half_of([d for _, d in m.values()])
+
+
 def verdict_of(m: Mapping[int, tuple[str, str]]) -> str:
-    """Supported if both halves hold at some τ; refuted if the clip on dot fails at every τ
-    where it binds (and binds somewhere); inconclusive otherwise."""
+    """Supported if both halves hold at one τ; depends if one half holds somewhere and the
+    other fails wherever it binds; refuted if a half fails wherever it binds (the other
+    holding nowhere); inconclusive otherwise."""
     if any(x == (HOLDS, HOLDS) for x in m.values()):
         return SUPPORTED
-    bound = [d for _, d in m.values() if d in (HOLDS, FAILS, OPEN)]
-    return REFUTED if bound and all(d == FAILS for d in bound) else INCONCLUSIVE
+    h = halves(m)
+    if set(h) == {HOLDS, FAILS}:
+        return DEPENDS
+    return REFUTED if FAILS in h else INCONCLUSIVE
 
 
 def gap_of(ev: Evidence) -> Interval | None:
@@ -221,31 +269,32 @@ def recovered(ev: Evidence, tau: int) -> float | None:
     seeds = sorted(set.intersection(*(set(a.values) for a in arms)))
     dot, clip, scaled = ([a.values[s] for s in seeds] for a in arms)
     gap = float(np.mean(dot)) - float(np.mean(scaled)) if seeds else math.nan
-    if not gap > LOSS_DELTA:
+    if not gap > V.LOSS_DELTA:
         return None
     return (float(np.mean(dot)) - float(np.mean(clip))) / gap
 
 
 def acted_numbers(ev: Evidence) -> dict[str, dict[str, Any]]:
-    """arm -> {"runs": runs the clip acted in, "of": reported runs, "clips_per_run"}."""
+    """arm -> {"runs": runs the clip acted in, "late": runs it acted in during the second half
+    of training, "of": reported runs, "clips_per_run"}."""
     out = {}
     for arm in CLIP_ARMS:
         k, clips = acted(ev, arm), ev.clips.get(arm)
         if k is not None:
             per_run = float(np.mean(list(clips.values.values()))) if clips and clips.values \
                 else math.nan
-            out[arm] = {"runs": k[0], "of": k[1], "clips_per_run": per_run}
+            out[arm] = {"runs": k[0], "late": k[1], "of": k[2], "clips_per_run": per_run}
     return out
 
 
-TOP_SAID = {HOLDS: "no worse than scaled dot (within δ)",
+UNBOUND = ("read, but the clip did not act in the second half of training in every run, so "
+           "this τ decides nothing")
+TOP_SAID = {HOLDS: "no worse than scaled dot (within δ)", PARTIAL: UNBOUND,
             FAILS: "worse than scaled dot by more than δ",
-            OPEN: "neither shown no worse nor worse than scaled dot",
-            PARTIAL: "read, but the clip did not act in every run, so this τ decides nothing"}
-DOT_SAID = {HOLDS: "it stands in for 1/√d_k there",
+            OPEN: "neither shown no worse nor worse than scaled dot"}
+DOT_SAID = {HOLDS: "it stands in for 1/√d_k there", PARTIAL: UNBOUND,
             FAILS: "worse than scaled dot by more than δ: it does not stand in there",
-            OPEN: "not shown to stand in for 1/√d_k nor to fall short",
-            PARTIAL: "read, but the clip did not act in every run, so this τ decides nothing"}
+            OPEN: "not shown to stand in for 1/√d_k nor to fall short"}
 
 
 def tau_sentences(ev: Evidence, comps: Mapping[str, Comparison], tau: int,
@@ -264,27 +313,43 @@ def tau_sentences(ev: Evidence, comps: Mapping[str, Comparison], tau: int,
                        f"so {arm} trained as the plain score and says nothing of the clip "
                        "(not measurable).")
             continue
-        head = (f"τ = {tau} {where}: the clip acted in {a['runs']} of {a['of']} runs "
-                f"({a['clips_per_run']:.0f} head clips per run)")
+        head = (f"τ = {tau} {where}: the clip acted in {a['runs']} of {a['of']} runs, in "
+                f"the second half of training in {a['late']} ({a['clips_per_run']:.0f} head "
+                "clips per run)")
         if score == "scaled":
             c = comps[key("top", tau)]
-            out.append(f"{head}; {arm} − scaled_dot {c.effect('nats')}: {TOP_SAID[mark]}.")
+            out.append(f"{head}; {arm} − scaled_dot {effect(c)}: {TOP_SAID[mark]}.")
             continue
         share = recovered(ev, tau)
         rec = f", recovering {share:.0%} of the unscaled gap" if share is not None else ""
-        out.append(f"{head}; against scaled dot {comps[key('stand', tau)].effect('nats')}, "
-                   f"against plain dot {comps[key('recover', tau)].effect('nats')}{rec}: "
+        out.append(f"{head}; against scaled dot {effect(comps[key('stand', tau)])}, "
+                   f"against plain dot {effect(comps[key('recover', tau)])}{rec}: "
                    f"{DOT_SAID[mark]}.")
     return out
 
 
-LAST = {SUPPORTED: "So, used as Kimi K2 uses it, the clip cost nothing on top of 1/√d_k at a "
-                   "τ where it bound, and at that τ it stood in for 1/√d_k on plain dot.",
-        REFUTED: "So wherever the clip bound on plain dot, it was worse than scaled dot by "
-                 "more than δ: here it does not stand in for 1/√d_k.",
-        INCONCLUSIVE: "At no τ where both clipped arms bound in every run did both halves "
-                      "hold, and the clip on plain dot was not worse at every τ where it "
-                      "bound."}
+TOP_FAILS = ("wherever the clip bound on top of scaled dot it cost more than δ: as K2 uses it, "
+             "it was not free here")
+DOT_FAILS = ("wherever the clip bound on plain dot it was worse than scaled dot by more than "
+             "δ: here it does not stand in for 1/√d_k")
+
+
+def last(verdict: str, m: Mapping[int, tuple[str, str]]) -> str:
+    """The sentence that sums the verdict up, naming the half that failed."""
+    top, dot = halves(m)
+    if verdict == SUPPORTED:
+        return ("So, used as Kimi K2 uses it, the clip cost nothing on top of 1/√d_k at a τ "
+                "where it bound, and at that τ it stood in for 1/√d_k on plain dot.")
+    if verdict == DEPENDS and top == HOLDS:
+        return f"So the clip cost nothing on top of 1/√d_k at a τ where it bound, but {DOT_FAILS}."
+    if verdict == DEPENDS:
+        return (f"So on plain dot the clip stood in for 1/√d_k at a τ where it bound, but "
+                f"{TOP_FAILS}.")
+    if verdict == REFUTED:
+        said = [s for s, h in ((TOP_FAILS, top), (DOT_FAILS, dot)) if h == FAILS]
+        return f"So {'; and '.join(said)}."
+    return ("At no τ where both clipped arms bound did both halves hold, and neither half "
+            "failed at every τ where it bound.")
 
 
 def caveat(ev: Evidence) -> str:
@@ -302,10 +367,11 @@ def judge(ev: Evidence) -> Verdict:
     verdict = verdict_of(m)
     gap = gap_of(ev)
     plain = [s for tau in TAUS for s in tau_sentences(ev, comps, tau, m[tau])]
-    plain += [LAST[verdict], caveat(ev)]
+    plain += [last(verdict, m), caveat(ev)]
     nums = acted_numbers(ev)
-    because = "; ".join(f"{k}: {c.effect('nats')}" for k, c in comps.items())
-    because += "; clip acted: " + ", ".join(f"{a} {n['runs']}/{n['of']}" for a, n in nums.items())
+    because = "; ".join(f"{k}: {effect(c)}" for k, c in comps.items())
+    because += "; clip acted (in the second half): " + ", ".join(
+        f"{a} {n['runs']}/{n['of']} ({n['late']}/{n['of']})" for a, n in nums.items())
     numbers = {"comparisons": comps, "acted": nums, "d_k": ev.d_k,
                "gap": gap.model_dump() if gap is not None else None,
                "recovered": {str(t): recovered(ev, t) for t in TAUS}}
@@ -315,7 +381,7 @@ def judge(ev: Evidence) -> Verdict:
               "unscaled dot is worst); QK-Clip acts only on a head whose max |logit| on the "
               "step's batch passes τ")
     return Verdict(verdict, RULE, because, numbers, headline=headline, plain=plain,
-                   regime=regime, smallest=LOSS_WHY)
+                   regime=regime, smallest=V.LOSS_WHY)
 
 
 def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> list[Figure]:
@@ -341,7 +407,8 @@ def says_when(e: dict[str, Any]) -> list[str]:
     for tau in TAUS:
         a, c = acts.get(clip_arm("scaled", tau)), comps[key("top", tau)]
         if a is not None:
-            top.append(f"τ = {tau} acted in {a['runs']} of {a['of']} runs" +
+            top.append(f"τ = {tau} acted in {a['runs']} of {a['of']} runs ({a['late']} in "
+                       "the second half)" +
                        (f" and cost {fx(c)}" if a["runs"] and finite(c.get("mean")) else ""))
         a, c = acts.get(clip_arm("dot", tau)), comps[key("stand", tau)]
         if a is None:

@@ -41,8 +41,9 @@ class TextTask(Task):
     offsets). Causal decoder.
 
     Metric: ``bits_per_char`` = mean cross-entropy (nats) / ln 2, lower is better.
-    ``chance_level`` = log2(vocab_size) (uniform prediction); ``unigram_bits`` is the entropy of
-    the train character distribution, the best context-free predictor.
+    ``chance_level`` = log2(vocab_size) (uniform prediction); ``unigram_bits`` and
+    ``bigram_bits`` are the eval part's cross-entropy under the train part's add-one-smoothed
+    unigram and bigram models: how far a model got beyond context-free and pair statistics.
 
     Errors: a missing path, an empty file, a binary file (NUL bytes or invalid UTF-8), or a text
     whose train or eval part is shorter than ``seq_len + 1`` raise ValueError naming ``path`` /
@@ -96,17 +97,18 @@ class TextTask(Task):
         rel = torch.linspace(0, last_start, self.eval_windows, dtype=torch.float64).round().long()
         self.eval_starts = rel + self.n_train
 
-        counts = torch.bincount(self.data[: self.n_train], minlength=self.vocab_size).double()
-        p = counts[counts > 0] / counts.sum()
-        self.unigram_bits = float(-(p * p.log2()).sum())
-        self.bigram_bits = self._bigram_bits()
+        self.unigram_bits, self.bigram_bits = self._ngram_bits(1), self._ngram_bits(2)
         self.chance_level = math.log2(self.vocab_size)
 
-    def _bigram_bits(self) -> float:
-        """The bigram level: cross-entropy in bits/char of the eval part under the train part's
-        bigram model P(x_t | x_{t−1}) with add-one smoothing, H = −mean log₂ P(x_t | x_{t−1}).
-        A model that ends near it has learned character pairs and little beyond."""
+    def _ngram_bits(self, order: int) -> float:
+        """The unigram (``order`` 1) or bigram (2) level: the cross-entropy in bits/char of the
+        eval part under the train part's n-gram model with add-one smoothing,
+        H = −mean log₂ P(x_t | x_{t−1}) (bigram) or −mean log₂ P(x_t) (unigram). A model that
+        ends near the bigram level has learned character pairs and little beyond."""
         v, train, held = self.vocab_size, self.data[: self.n_train], self.data[self.n_train:]
+        if order == 1:
+            counts = torch.bincount(train, minlength=v).double() + 1.0
+            return float(-(counts / counts.sum()).log2()[held].mean())
         counts = torch.zeros(v * v, dtype=torch.float64)
         counts.index_add_(0, train[:-1] * v + train[1:], torch.ones(len(train) - 1,
                                                                      dtype=torch.float64))
@@ -139,7 +141,7 @@ class TextTask(Task):
     def config(self) -> dict[str, Any]:
         return {**super().config, "source": self.source, "sha256": self.sha256,
                 "num_chars": len(self.text), "n_train": self.n_train,
-                "unigram_bits": self.unigram_bits}
+                "unigram_bits": self.unigram_bits, "bigram_bits": self.bigram_bits}
 
     # -- vocabulary -----------------------------------------------------------------------
     def encode(self, text: str) -> Tensor:
