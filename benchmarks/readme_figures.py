@@ -91,13 +91,25 @@ def verdict_detail(headline: str, verdict: str) -> str:
     return rest.lstrip(" ,:;—-").strip() or "—"
 
 
+CELL_CHARS = 160  # a README cell longer than this is cut at a list separator (the page has all)
+
+
+def clip(text: str, limit: int = CELL_CHARS) -> str:
+    """``text``, or its longest prefix ending before a ", " or "; " within ``limit`` characters
+    followed by " …" (the report page holds the whole headline)."""
+    if len(text) <= limit:
+        return text
+    cut = max(text.rfind(", ", 0, limit), text.rfind("; ", 0, limit))
+    return (text[:cut] if cut > 0 else text[:limit]) + " …"
+
+
 def result_rows(digest: dict[str, Any] | None = None) -> list[str]:
     """The README's results table (Markdown lines): claim, verdict, its number."""
     digest = digest or load(DIGEST)
     rows = ["| claim | verdict | in numbers |", "|---|---|---|"]
     for e in digest["entries"]:
         rows.append(f"| {e['id']}. {e['title']} | {e['verdict']} | "
-                    f"{verdict_detail(e['headline'], e['verdict'])} |")
+                    f"{clip(verdict_detail(e['headline'], e['verdict']))} |")
     return rows
 
 

@@ -275,3 +275,12 @@ def test_architecture_lists_every_module():
         if len(rel.parts) > 1 and path.stem not in ("__init__", "__main__"):
             actual.setdefault("/".join(rel.parts[:-1]), set()).add(path.stem)
     assert documented_modules() == actual
+
+
+def test_a_long_headline_is_cut_at_a_list_separator():
+    short = "gap +0.298 nats at d_k=256"
+    assert FIGURES.clip(short) == short
+    long = ", ".join(f"lr {x} (mean max weight, rows above 0.9)" for x in range(9))
+    cut = FIGURES.clip(long)
+    assert len(cut) <= FIGURES.CELL_CHARS + 2 and cut.endswith(" …")
+    assert long.startswith(cut[:-2]) and cut[:-2].endswith("0.9)")

@@ -85,8 +85,7 @@ def test_c12_flips_with_the_init_and_the_width_effect_at_a_matched_lr():
     assert grows.numbers["more"] == ["lr 0.01 max_weight", "lr 0.1 max_weight",
                                      "lr 0.1 saturated_fraction"]
     assert grows.headline == ("depends: O(1) at init; after training the wider model saturates "
-                              "more at lr 0.01 (mean max weight), lr 0.1 (mean max weight, "
-                              "rows above 0.9)")
+                              "more at 2 of 3 matched LRs (lr 0.01, 0.1)")
     assert "At a matched LR the wider model's attention saturates more, at lr 0.01 (mean max " \
         "weight), lr 0.1 (mean max weight, rows above 0.9): lr 0.01 max_weight: +0.2" in \
         " ".join(grows.plain)

@@ -134,13 +134,15 @@ def width_family(ev: Evidence, init: str) -> dict[str, Comparison]:
     return family(pairs, SAT_DELTA) if pairs else {}
 
 
-def grouped(keys: list[str]) -> str:
+def grouped(keys: list[str], short: bool = False) -> str:
     """"lr 0.01 (mean max weight), lr 0.1 (mean max weight, rows above 0.9)" for comparison
-    names of :func:`width_family`."""
+    names of :func:`width_family` (``short``: "lr 0.01, 0.1")."""
     by_lr: dict[str, list[str]] = {}
     for k in keys:
         lr, stat = k.rsplit(" ", 1)
         by_lr.setdefault(lr, []).append(STATS[stat])
+    if short:
+        return "lr " + ", ".join(lr.removeprefix("lr ") for lr in by_lr)
     return ", ".join(f"{lr} ({', '.join(words)})" for lr, words in by_lr.items())
 
 
@@ -244,7 +246,8 @@ def judge(ev: Evidence) -> Verdict:
              REFUTED: "not O(1) at init",
              INCONCLUSIVE: "not decided after training" if unit else "no data",
              DEPENDS: f"O(1) at init; after training the wider model saturates more at "
-                      f"{grouped(more)}"}
+                      f"{len({k.rsplit(' ', 1)[0] for k in more})} of {len(ev.matched(UNIT))} "
+                      f"matched LRs ({grouped(more, short=True)})"}
     w = ev.widths(UNIT)
     widths = f"widths {', '.join(str(width_of(x)) for x in w)}" if w else "no unit-init width"
     lrs = ", ".join(f"{float(x):g}" for x in ev.matched(UNIT)) or "none"
