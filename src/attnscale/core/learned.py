@@ -13,7 +13,9 @@ the literature:
 * :func:`head_weights`: per-head affine weights over the head dimension for QK-norms
   (Dehghani et al. 2023, arXiv 2302.05442);
 * :func:`per_head_value`: a per-head copy of a scalar parameter, initialized at its fixed
-  value (Scalable-Softmax's ``s``, Nakanishi 2025, arXiv 2501.19399).
+  value, optionally floored (Scalable-Softmax's ``s``, Nakanishi 2025, arXiv 2501.19399, at
+  least :data:`S_FLOOR`: logits s·ln n·q·k/√d with s ≤ 0 would switch attention off or invert
+  it, and a learned s at LR 0.03 was seen to cross 0).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from torch import Tensor
 from attnscale.util.validate import check_array
 
 SWIN_INIT = math.log(10.0)  # Swin V2: logit scale initialized at log 10 ...
+S_FLOOR = 1e-3  # the learned log-length s is used as max(s, S_FLOOR)
 SWIN_MAX = math.log(100.0)  # ... and clamped at log 100 (τ ≤ 100, i.e. temperature ≥ 0.01)
 
 
@@ -118,12 +121,17 @@ def head_weights() -> Learned:
     )
 
 
-def per_head_value(name: str) -> Learned:
-    """A per-head copy of the scalar parameter ``name``, initialized at its fixed value."""
+def per_head_value(name: str, floor: float | None = None) -> Learned:
+    """A per-head copy of the scalar parameter ``name``, initialized at its fixed value; with
+    ``floor``, used as max(value, floor), as Swin V2 clamps its temperature (a positive
+    parameter that training drives through 0 would otherwise invert the score)."""
+    def value(t: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        return {name: t[name] if floor is None else t[name].clamp_min(floor)}
     return Learned(
-        summary=f"per-head {name}, initialized at its fixed value",
+        summary=f"per-head {name}, initialized at its fixed value"
+                + (f", at least {floor:g}" if floor is not None else ""),
         supplies=(name,),
         init=lambda shape, p: {name: torch.full((shape.heads,), float(p[name]))},
-        value=lambda t: {name: t[name]},
+        value=value,
         default=True,
     )

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from attnscale.core.learned import (
+    S_FLOOR,
     Learned,
     head_weights,
     per_head_value,
@@ -443,7 +444,7 @@ register(
         positive=("s",),
         prepare=_log_length_prepare,
         formula=_log_length_formula,
-        learnable={"s": per_head_value("s")},
+        learnable={"s": per_head_value("s", floor=S_FLOOR)},
         dot_factor=lambda d, n, p: float(p["s"]) * math.log(_keys(n)) / math.sqrt(d),
     )
 )

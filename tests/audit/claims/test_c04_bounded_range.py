@@ -306,3 +306,18 @@ def test_a_task_not_learned_draws_the_arms_and_no_forest(tmp_path):
     assert v.verdict == "inconclusive" and "did not learn" in v.because and not v.numbers
     figs = M.draw(ev, dict(v.numbers), tmp_path)
     assert [Path(f["path"]).name for f in figs] == ["c4_tau.png", "c4_tau_n64.png"]
+
+
+def test_the_answer_names_the_temperatures_that_held_at_each_length():
+    def comp(reading, no_worse):
+        return {"mean": 0.1, "lo": 0.0, "hi": 0.2, "reading": reading, "not_greater": no_worse}
+    e = {"id": "C4", "verdict": "depends", "evidence": {},
+         "numbers": {"cosine_tau1": comp("greater", False), "cosine_tau2": comp("equal", True),
+                     "cosine_learned": comp("equal", True),
+                     "n=64 cosine_tau1": comp("greater", False),
+                     "n=64 cosine_tau2": comp("greater", False),
+                     "n=64 cosine_learned": comp("inconclusive", False)}}
+    (line,) = M.says_answer(e)
+    assert "matched by tau2, learned at the training length; no τ at 64 keys (C4)." in line
+    e["numbers"]["cosine_tau1"] = comp("equal", True)
+    assert M.says_answer(e) == []  # τ = 1 held: no sentence that it needs a temperature

@@ -223,8 +223,17 @@ def says_answer(e: dict[str, Any]) -> list[str]:
     t1 = e["numbers"].get("cosine_tau1", {})
     if t1.get("reading") != GREATER:
         return []
-    return ["Cosine attention only with a temperature (τ ≥ 2, or learned): at τ = 1 its "
-            "bounded logits cannot focus the softmax (C4)."]
+    c4 = e["numbers"]
+    held = {n: [a.split(" ")[-1].replace("cosine_", "") for a, c in c4.items()
+                if (a.startswith(f"{n} ") if n else " " not in a)
+                and not a.endswith("tau1") and no_worse(c)]
+            for n in ["", *sorted({a.split(" ")[0] for a in c4 if " " in a},
+                                  key=lambda k: int(k[2:]))]}
+    where = "; ".join(f"{', '.join(v) or 'no τ'} at {n[2:] if n else 'the training'}"
+                      f"{' keys' if n else ' length'}" for n, v in held.items())
+    return [f"Cosine attention only with a temperature, and one that grows with the number of "
+            f"keys: at τ = 1 its bounded logits cannot focus the softmax; scaled dot was matched "
+            f"by {where} (C4)."]
 
 
 def says_alternatives(e: dict[str, Any]) -> list[str]:
