@@ -288,7 +288,8 @@ def test_on_measured_data_the_deep_law_and_the_studies_known_answers():
         "falls exponentially, the RMS only as s^(-0.4" in v.numbers["deep"]
     st = ev["studies"][0]
     small, big = st["points"]
-    assert 1 < small["grad_ratio"] < big["grad_ratio"]
+    # measured 3.71 and 8.46 (400 rows): pinned on both sides, and growing with d_k
+    assert 3.3 < small["grad_ratio"] < 4.1 and 7.6 < big["grad_ratio"] < 9.3
     assert big["median"] > 1e-3 and big["rms"] > 0.1 and big["max_weight"] > 0.85
     assert st["vanish_k"] == pytest.approx(L.law_curve(32)["k_half"], rel=1e-9)
     assert st["causal_vanish_k"] < st["vanish_k"] and big["s_over_sc"] < st["causal_vanish_k"]
