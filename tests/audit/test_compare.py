@@ -279,3 +279,17 @@ def test_the_audit_interval_types_are_the_labs():
     assert audit_interval.Interval is lab_interval.Interval
     a, b = pair(3, 0.2)
     assert type(C.family({"x": (arm(a), arm(b))}, DELTA)["x"]) is lab_interval.Comparison
+
+
+def test_a_context_comparison_never_advises_seeds():
+    """An undecided comparison shown as context (its name holds "(context)") decides no
+    verdict, so the seeds sentence plans only the deciding ones."""
+    from attnscale.audit.verdicts import seeds_sentence
+
+    undecided = {"mean": 0.01, "smallest": 0.02, "n": 6, "reading": "inconclusive",
+                 "seeds_to_decide": 9}
+    assert seeds_sentence({"GPT-2 init (context) d_model=128: dot": undecided}) is None
+    line = seeds_sentence({"GPT-2 init (context) d_model=128: dot": {**undecided,
+                                                                     "seeds_to_decide": 4},
+                           "unit init d_model=128: dot": undecided})
+    assert "about 9 paired seeds" in line and "(unit init d_model=128: dot)" in line
