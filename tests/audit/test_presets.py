@@ -44,6 +44,21 @@ def test_the_text_sweep_decides_at_unit_init_with_gpt2_context_at_the_widest_wid
         "seq_len": (64,)}
 
 
+def test_c4s_studies_tune_on_two_seeds_the_others_on_one():
+    for p in (PRESETS["standard"], PRESETS["full"]):
+        tuned = {n: s for n, s in studies(p).items() if s.lr_choice == "tuned" and s.seeds}
+        assert {n for n, s in tuned.items() if s.tune_seeds == p.tune_seeds[:2]} == {
+            "tau", "tau_n64"}
+        assert all(s.tune_seeds == p.tune_seeds[:1] for n, s in tuned.items()
+                   if n not in ("tau", "tau_n64"))
+
+
+def test_head_dims_gpt2_cells_are_context():
+    hd = studies(PRESETS["standard"])["head_dim"]
+    assert hd.is_context((("init", "gpt2"), ("d_model", 256)))
+    assert not hd.is_context((("init", "unit"), ("d_model", 256)))
+
+
 def test_the_deep_studies_run_only_in_the_deep_preset():
     standard, deep = studies(PRESETS["standard"]), studies(PRESETS["deep"])
     for name in ("long_text", "unstable"):

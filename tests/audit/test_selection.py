@@ -251,6 +251,17 @@ def test_arm_values_reads_the_reported_seeds_at_the_runner_up():
     assert S.arm_values(st, far + reported + tied, (), "dot").alt == {}
 
 
+def test_a_context_cell_trains_no_runner_up():
+    """A context cell's comparisons enter no verdict, so nothing reads them again at a
+    runner-up: its reported seeds run at the choice only; a deciding cell keeps both."""
+    st = replace(study("tuned", cells={"init": ("gpt2", "unit")}), context={"init": ("gpt2",)})
+    table = {1e-3: 3.0, 1e-2: 1.0, 1e-1: 1.01, 1.0: 4.0}
+    tune = [run(s, lr, x, init=i) for i in ("gpt2", "unit") for s in (50, 51)
+            for lr, x in table.items()]
+    assert S.reported_lrs(st, tune, (("init", "unit"),), "dot") == (1e-2, 1e-1)
+    assert S.reported_lrs(st, tune, (("init", "gpt2"),), "dot") == (1e-2,)
+
+
 def test_clearly_worse_is_a_one_sided_t_bound_past_delta():
     d = S.SEPARATION
     gaps = [0.5, 0.6, 0.4, 0.55]

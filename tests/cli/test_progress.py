@@ -140,7 +140,7 @@ def test_report_prints_stages_and_studies_off_a_terminal(tmp_path, monkeypatch, 
         say("measuring bench")
         say("training studies")
         for done in range(3):
-            progress("text_lr", SimpleNamespace(finished=done, total=2))
+            progress("studies (grids and tuning)", SimpleNamespace(finished=done, total=2))
         say("judging")
         return {"claims": [], "questions": [], "smoke": False, "elapsed_s": 1.0,
                 "runs_trained": 2, "errors": []}
@@ -150,8 +150,9 @@ def test_report_prints_stages_and_studies_off_a_terminal(tmp_path, monkeypatch, 
     lines = plain_lines(capsys.readouterr().err, "report")
     assert lines[:2] == ["report: measuring bench, 0s elapsed",
                          "report: training studies, 0s elapsed"]
-    assert lines[2] == "report: study text_lr 0/2 runs, 0s elapsed, estimating"
-    assert re.fullmatch(r"report: study text_lr 2/2 runs, \d+s elapsed, done", lines[3]), lines
+    assert lines[2] == "report: studies (grids and tuning) 0/2 runs, 0s elapsed, estimating"
+    assert re.fullmatch(r"report: studies \(grids and tuning\) 2/2 runs, \d+s elapsed, done",
+                        lines[3]), lines
     assert lines[4] == "report: judging, 0s elapsed" and len(lines) == 5
 
 

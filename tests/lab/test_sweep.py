@@ -529,7 +529,8 @@ def test_a_kept_pool_serves_several_sweeps_and_opens_only_when_there_is_work(tmp
 def test_grids_of_one_sweep_run_as_one_batch_largest_first(tmp_path, recording_pool):
     """Several grids of one sweep name (each arm at its own LR, as the report's reported seeds
     are) go to the pool as one batch, deduplicated, the widest model first; grids of two names
-    are refused by name."""
+    (every study's tuning grid, as the report's first phase) also run as one batch, each run
+    stored under its own grid's name (the first grid's for a config two grids share)."""
     from attnscale.lab.sweep import SweepSpec, cost_hint, run_sweep
 
     base = {"task": "text", "seq_len": 16, "batch_size": 4, "n_layers": 1, "steps": 2}
@@ -541,6 +542,14 @@ def test_grids_of_one_sweep_run_as_one_batch_largest_first(tmp_path, recording_p
     assert [c["d_model"] for c in pool.order] == [64, 64, 32, 32, 16, 16]
     assert [c["seed"] for c in pool.order] == [0, 1, 0, 1, 0, 1]  # grid order among equals
     assert cost_hint({"d_model": 64, "seq_len": 16}) > cost_hint({"d_model": 32, "seq_len": 16})
-    other = SweepSpec(name="t", base=base, axes={"seed": [0]})
-    with pytest.raises(ValueError, match="spec: give one sweep"):
-        run_sweep([grids[0], other], tmp_path / "c.db", pool=recording_pool())
+    other = SweepSpec(name="t", base={**base, "d_model": 16}, axes={"seed": [0, 5]})
+    pool = recording_pool()
+    counts = run_sweep([grids[0], other], tmp_path / "c.db", pool=pool)
+    assert counts.to_run == 3 and len(pool.order) == 3  # seed 0 of d_model 16 is in both
+    from attnscale.lab.store import Store
+
+    with Store(tmp_path / "c.db") as store:
+        names = {r["config"]["seed"]: r["sweep"] for r in store.runs()}
+    assert names == {0: "s", 1: "s", 5: "t"}
+    with pytest.raises(ValueError, match="spec: give at least one sweep"):
+        run_sweep([], tmp_path / "d.db", pool=recording_pool())

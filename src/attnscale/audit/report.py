@@ -54,8 +54,7 @@ def run_studies(plan: dict[str, Study], db: Path, executor: str, workers: int,
     """Run (or resume) every study into the results database; returns each study's runs (typed
     records)."""
     with StudyRunner(db, executor, workers, address, progress) as runner:
-        for study in plan.values():
-            runner.run(study)
+        runner.run_all(plan.values())
     with Store(db) as store:
         return {name: study_runs(store, study) for name, study in plan.items()}
 

@@ -6,11 +6,13 @@ A ``grid`` study is one sweep. A ``tuned`` study is (1) the tuning seeds over th
 each cell and arm's chosen LR and at its runner-up unless the tuning separates the two
 (:func:`attnscale.audit.selection.reported_lrs`). Every run has a stable id
 (its config's hash), so a killed report resumes where it stopped and a rerun runs nothing.
+The report runs each phase of every study as one batch (:meth:`StudyRunner.run_all`): with a
+phase per study in turn, workers idled at each of some 25 phase ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +72,8 @@ class StudyRunner:
             self.pool = None
 
     def sweep(self, spec: SweepSpec | list[SweepSpec], label: str) -> Any:
-        """Run (or resume) one sweep, or several grids of one study as one batch."""
+        """Run (or resume) one sweep, or several grids (of one study or several) as one
+        batch."""
         report = (lambda c: self.progress(label, c)) if self.progress else None
         return run_sweep(spec, self.db, workers=self.workers, executor=self.executor,
                          address=self.address, source=f"report:{label}", progress=report,
@@ -79,28 +82,41 @@ class StudyRunner:
     def run(self, study: Study) -> None:
         """Every run of ``study``: the grid, or tuning, extension and the reported seeds (a
         study planned with no seeds, as the deep studies are outside ``--deep``: nothing)."""
-        if not study.seeds:
-            return
-        if study.lr_choice == "grid":
-            self.sweep(grid_spec(study, study.seeds, study.lrs), study.name)
-            return
-        self.sweep(grid_spec(study, study.tune_seeds, study.lrs), f"{study.name} (tuning)")
-        tuning = self.tuning(study)  # read once per change: it loads every run's history
-        for _ in range(study.extend if len(study.lrs) > 1 else 0):
-            extra = self.extensions(study, tuning)
+        self.run_all([study], f"study {study.name}")
+
+    def run_all(self, studies: Iterable[Study], label: str = "studies") -> None:
+        """Every run of ``studies`` in three phases, each one batch across the studies, so no
+        worker waits at the end of one study's phase for the next study: (1) the grids of
+        ``grid`` studies and the tuning grids of ``tuned`` ones, (2) rounds of extensions beyond
+        an edge, (3) the reported seeds at each chosen LR and runner-up. A study planned with no
+        seeds (the deep studies outside ``--deep``) runs nothing."""
+        plan = [s for s in studies if s.seeds]
+        tuned = [s for s in plan if s.lr_choice == "tuned"]
+        first = [grid_spec(s, s.seeds if s.lr_choice == "grid" else s.tune_seeds, s.lrs)
+                 for s in plan]
+        if first:
+            self.sweep(first, f"{label} (grids and tuning)" if tuned else label)
+        for _ in range(max((s.extend for s in tuned if len(s.lrs) > 1), default=0)):
+            # each study's extensions count what it already ran, so a study at its limit
+            # adds nothing while another extends again
+            extra = [grid_spec(s, s.tune_seeds, (lr,), cell, (arm,)) for s in tuned
+                     if len(s.lrs) > 1
+                     for (cell, arm), lr in self.extensions(s, self.tuning(s)).items()]
             if not extra:
                 break
-            # every (cell, arm) of one round in one batch: a worker never waits on a single run
-            self.sweep([grid_spec(study, study.tune_seeds, (lr,), cell, (arm,))
-                        for (cell, arm), lr in extra.items()], f"{study.name} (extending)")
-            tuning = self.tuning(study)
+            self.sweep(extra, f"{label} (extending)")
+        reported = [spec for s in tuned for spec in self.reported(s)]
+        if reported:
+            self.sweep(reported, f"{label} (reported seeds)")
+
+    def reported(self, study: Study) -> list[SweepSpec]:
+        """The reported seeds' grids of a tuned ``study``: each cell and arm at the LRs
+        :func:`attnscale.audit.selection.reported_lrs` reads from its tuning runs."""
         with Store(self.db) as store:
             runs = study_runs(store, study)
-        specs = [grid_spec(study, study.seeds, (lr,), cell, (arm,))
-                 for cell in cells(study) for arm in study.arms
-                 for lr in reported_lrs(study, runs, cell, arm)]
-        if specs:
-            self.sweep(specs, study.name)
+        return [grid_spec(study, study.seeds, (lr,), cell, (arm,))
+                for cell in cells(study) for arm in study.arms
+                for lr in reported_lrs(study, runs, cell, arm)]
 
     def tuning(self, study: Study) -> dict[tuple[Cell, str], tuple[float, bool, dict]]:
         """(cell, arm) -> :func:`attnscale.audit.selection.tuned_choice` on the tuning runs."""

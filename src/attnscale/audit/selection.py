@@ -209,15 +209,16 @@ def loo_choice(runs: Iterable[Run]) -> tuple[dict[int, float], bool, dict[float,
 
 def reported_lrs(study: Study, runs: Iterable[Run], cell: Cell, arm: str) -> tuple[float, ...]:
     """The LRs a tuned study trains its reported seeds at, for one cell and arm: the choice
-    and, unless the tuning separates it, the runner-up (:func:`tuned_lrs`); () when the
-    tuning measured nothing."""
+    and, unless the tuning separates it or the cell is context (:meth:`Study.is_context`: no
+    verdict to check again), the runner-up (:func:`tuned_lrs`); () when the tuning measured
+    nothing."""
     tune = [r for r in analysis.finished(runs) if in_cell(r, cell, arm)
             and r.seed in study.tune_seeds]
     try:
         lr, other, _, _ = tuned_lrs(tune)
     except ValueError:
         return ()
-    return (lr,) if other is None else (lr, other)
+    return (lr,) if other is None or study.is_context(cell) else (lr, other)
 
 
 def arm_values(

@@ -55,7 +55,7 @@ def report(
     with Progress("report", "runs", console=console) as shown:
 
         def progress(name: str, counts: Any) -> None:
-            shown.update(f"study {name}", counts.finished, getattr(counts, "total", None))
+            shown.update(name, counts.finished, getattr(counts, "total", None))
 
         result = R.build_report(preset, out, db, executor, workers, address, say=shown.log,
                                 progress=progress, seed_offset=seed_offset)

@@ -42,7 +42,7 @@ import hashlib
 import itertools
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -293,16 +293,16 @@ class Counts:
         setattr(self, status, getattr(self, status) + 1)
 
 
-def plan(store: Store, points: Sequence[Point], sweep: str | None, retry_failed: bool):
-    """Insert new points as queued; requeue interrupted (and, if asked, failed) runs. A run
-    another driver holds under a live lease is left alone (it is still a job: the driver
-    waits for it, and takes it over if the lease lapses).
-
-    Returns the jobs to run and the counts of runs already finished.
-    """
-    store.add_runs(
-        [{"id": p.id, "config": p.config, "variant": p.variant} for p in points], sweep=sweep
-    )
+def plan(store: Store, points: Sequence[Point], sweep: str | Mapping[str, str] | None,
+         retry_failed: bool):
+    """Insert new points as queued under ``sweep`` (a name, or run id -> name); requeue
+    interrupted (and, if asked, failed) runs, except one another driver holds under a live lease
+    (still a job: the driver waits for it, and takes it over if the lease lapses). Returns the
+    jobs to run and the counts of runs already finished."""
+    names = sweep if isinstance(sweep, Mapping) else dict.fromkeys((p.id for p in points), sweep)
+    for name in set(names.values()):
+        store.add_runs([{"id": p.id, "config": p.config, "variant": p.variant}
+                        for p in points if names[p.id] == name], sweep=name)
     leases.expire_dead(store)  # a killed driver of this machine holds nothing
     status = {r["id"]: r["status"] for r in store.runs()}
     counts = Counts(total=len(points))
@@ -337,8 +337,10 @@ def run_sweep(
 ) -> Counts:
     """Run every grid point of ``spec`` not yet finished in ``db``; return the counts.
 
-    ``spec`` may be several grids of one sweep name (say, each arm at its own chosen LR): their
-    points run as one batch, so no worker waits at the end of one grid for the next to start.
+    ``spec`` may be several grids (say, each arm at its own chosen LR, or every study's tuning
+    grid): their points run as one batch, so no worker waits at the end of one grid for the next
+    to start. Each run is stored under its grid's sweep name, the first grid's where two grids
+    hold the same config.
     Jobs start longest first (:func:`cost_hint`), so the batch's tail is short runs.
     ``progress(counts)`` is called once before the first run, after every run and after
     every round of claims (:func:`_drive`). ``pool``, an
@@ -353,13 +355,15 @@ def run_sweep(
     lease_s = check_float("lease_s", lease_s, low=1.0, low_inclusive=True)
     patience_s = check_float("patience_s", patience_s, low=0.0)
     specs = [spec] if isinstance(spec, SweepSpec) else list(spec)
-    names = sorted({s.name for s in specs})
-    if len(names) != 1:
-        raise ValueError(f"spec: give one sweep, or grids of one sweep name; got names {names}")
-    points = list({p.id: p for s in specs for p in expand(s, source)}.values())
+    if not specs:
+        raise ValueError("spec: give at least one sweep")
+    points: dict[str, Point] = {}
+    names = {}  # run id -> the sweep name it is stored under: its first grid's
+    for name, p in ((s.name, p) for s in specs for p in expand(s, source)):
+        names.setdefault(p.id, name), points.setdefault(p.id, p)
     pool = pool if pool is not None else make_executor(executor, workers, address)
     with Store(db) as store:
-        todo, counts = plan(store, points, names[0], retry_failed)
+        todo, counts = plan(store, list(points.values()), names, retry_failed)
         if progress:
             progress(counts)
         if not todo:

@@ -358,7 +358,7 @@ def scale(p: Preset) -> str:
 
 CLAIM = register(Claim(
     id="C5", text="Cosine similarity adds computational overhead.",
-    measures="interleaved timing ratios against a noise floor, N = 256 to 4096", rule=RULE,
+    measures="interleaved timing ratios against a noise floor, N = 256 to 2048", rule=RULE,
     evidence=Evidence, gather=gather, judge=judge, draw=draw,
     measurements=(Measurement("bench", lambda p: {**p.bench, "interval": overhead.INTERVAL},
                               lambda p: overhead.overhead_study(**p.bench)),),
