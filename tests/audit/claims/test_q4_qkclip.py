@@ -7,6 +7,7 @@ the history rows); its sentence in the page's short answers and its forest plot.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -215,22 +216,40 @@ def test_no_sentence_reads_as_another_verdict(verdict):
     assert_reads_as(judge(CASES[verdict]()), verdict, "Q4")
 
 
-@pytest.mark.parametrize(("preset", "d_k"), [("tiny", 16), ("quick", 64), ("standard", 256)])
-def test_q4_study_builds_in_the_head_dim_setting(preset, d_k):
+@pytest.mark.parametrize(("preset", "d_k"), [("tiny", 16), ("quick", 64), ("standard", 256),
+                                              ("deep", 256)])
+def test_q4_study_builds_in_the_head_dim_setting_and_trains_only_in_the_deep_preset(preset,
+                                                                                     d_k):
     p = PRESETS[preset]
     s = M.build(p)
     assert s.name == "qkclip" and s.arms == M.CLIP_ARMS
     assert all(a in VARIANTS for a in s.arms)
     assert {VARIANTS[a]["qk_clip"] for a in s.arms} == {10.0, 30.0}
     assert s.cells == {"init": ("unit",), "d_model": (d_k,)}
-    assert (s.lrs, s.seeds, s.tune_seeds, s.lr_choice) == (p.tuned_lrs, p.seeds,
-                                                           p.tune_seeds[:1], "tuned")
+    assert (s.lrs, s.seeds, s.tune_seeds, s.lr_choice) == (
+        p.tuned_lrs, p.seeds if preset == "deep" else (), p.tune_seeds[:1], "tuned")
     head_dim = studies(p)["head_dim"]
     assert head_dim.base == s.base  # same setting, same schedule
     assert d_k in head_dim.cells["d_model"] and "unit" in head_dim.cells["init"]
-    assert (head_dim.lrs, head_dim.seeds, head_dim.tune_seeds) == (s.lrs, s.seeds, s.tune_seeds)
+    assert (head_dim.lrs, head_dim.tune_seeds) == (s.lrs, s.tune_seeds)
     assert training_plan(p)["qkclip"] == s
     assert M.scale(p).startswith(f"2 layers of one head, d_k = {d_k}, unit init, {p.steps} ")
+
+
+def test_q4_outside_the_deep_preset_reads_not_run():
+    """Planned with no seeds, Q4's study trains nothing: the verdict says so, with no
+    comparison, figure or takeaway (not a finding of no effect)."""
+    p = PRESETS["standard"]
+    plan = {"qkclip": M.build(p), "head_dim": studies(p)["head_dim"]}
+    base = [fake_run(a, s, 2.0, (0, 0), 256, p.tuned_lrs[0], p.steps)
+            for a in ("scaled_dot", "dot") for s in (*p.tune_seeds[:1], *p.seeds)]
+    src = Sources(preset=p, studies=plan, runs={"qkclip": [], "head_dim": base}, measured={})
+    ev = M.CLAIM.read(M.CLAIM.gather(src))
+    v = M.CLAIM.decide(ev)
+    assert v.verdict == "inconclusive" and v.headline == M.NOT_RUN and v.numbers == {"run": False}
+    assert "make report-deep" in v.plain[0]
+    entry = {"numbers": v.numbers}
+    assert M.says_when(entry) == [] and M.draw({}, v.numbers, Path(".")) == []
 
 
 def ids(study: Study) -> set[str]:
@@ -242,11 +261,10 @@ def test_q4_study_owns_its_runs_and_the_baselines_belong_to_head_dim():
     """Run ids are config hashes: a run of two studies is stored under the first one only, so
     the clipped arms must not share a config with another study, and scaled_dot and dot of
     this cell (which would) are read from head_dim."""
-    p = PRESETS["standard"]
+    p = PRESETS["deep"]  # the deep studies (Q4's among them) have seeds only there
     plan = training_plan(p)
     mine = ids(plan["qkclip"])
-    deep = training_plan(PRESETS["deep"])  # the deep studies have seeds only there
-    for name, study in {**plan, **deep}.items():
+    for name, study in plan.items():
         if name != "qkclip" and study.seeds:
             assert not mine & ids(study), name
     base = Study("x", plan["qkclip"].base, ("scaled_dot", "dot"), p.tuned_lrs, p.seeds,
@@ -268,7 +286,7 @@ def fake_run(arm: str, seed: int, loss: float, clips: tuple[int, int], d: int, l
 
 
 def test_q4_gathers_a_few_fake_runs():
-    p = PRESETS["tiny"]
+    p = replace(PRESETS["tiny"], deep=True)  # Q4's study trains in a deep preset
     plan = {"qkclip": M.build(p), "head_dim": studies(p)["head_dim"]}
     level = {"scaled_dot": 2.0, "dot": 2.3, "scaled_qkclip10": 2.0, "scaled_qkclip30": 2.0,
              "dot_qkclip10": 2.01, "dot_qkclip30": 2.05}

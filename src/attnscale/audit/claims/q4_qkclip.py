@@ -14,10 +14,9 @@ A τ *binds* for an arm when the clip acted in the second half of training in ev
 run (:func:`late_clips`): one that acted only in the first steps' logit growth from unit init
 leaves the rest of training unclipped, and "no worse" would then say nothing of the clip.
 
-Its own study ("qkclip", :func:`build`) trains the four clipped arms where unscaled dot is worst
-(C13's unit init, one head, the largest d_k: 256 in the standard preset) at τ = 10 and 30, which
-bind there (τ = 100 did not bind in the text sweep); scaled_dot and dot are the head_dim study's
-runs of that cell (the same configs have the same run ids, :func:`lab.sweep.config_id`).
+Its own study ("qkclip", :func:`build`, in the deep preset) trains the four clipped arms where
+unscaled dot is worst (unit init, one head, d_k 256) at τ = 10 and 30, which bind there (τ = 100
+did not); scaled_dot and dot are the head_dim study's runs of that cell (same configs, same ids).
 """
 
 from __future__ import annotations
@@ -47,14 +46,14 @@ STUDY = "qkclip"
 SCALED, DOT = "scaled_dot", "dot"
 TAUS = (10, 30)  # τ of the clipped arms (attnscale.audit.studies.VARIANTS)
 CLIP_ARMS = ("scaled_qkclip10", "scaled_qkclip30", "dot_qkclip10", "dot_qkclip30")
-D_K = 256  # the head dimension of the standard preset's study
+D_K = 256  # the head dimension of the deep preset's study
 # kind -> (the clipped arm's score, the arm it is compared with); Holm over τ within a kind
 KINDS = {"top": ("scaled", SCALED), "stand": ("dot", SCALED), "recover": ("dot", DOT)}
 NEVER = "the clip never acted in any reported run"
 IDLE, PARTIAL, HOLDS, FAILS, OPEN = "idle", "partial", "holds", "fails", "open"
 
 RULE = ("Own study in C13's setting where unscaled dot is worst: one head at the preset's "
-        "largest d_k (256 in the standard preset), q, k of unit variance at init, each arm at "
+        "largest d_k (256 in the deep preset), q, k of unit variance at init, each arm at "
         "its LR tuned on one tuning seed; QK-Clip at τ = 10 and 30. Paired per-seed "
         "differences of clipped loss, δ = 0.02 nats. (a) As Kimi K2 uses it, on top of scaled "
         "dot: holds if scaled_qkclip τ − scaled_dot is no worse (non-inferior), fails if it "
@@ -75,8 +74,8 @@ ANSWERS = {SUPPORTED: "Yes, where it binds: free on top of 1/√d_k, and on plai
                     "plain dot was worse than scaled dot, and the other half held nowhere",
            DEPENDS: "Partly: one half held where the clip bound and the other failed wherever "
                     "it bound (free on top of 1/√d_k but no stand-in for it, or the reverse)",
-           INCONCLUSIVE: "Not decided: at no τ where the clip bound did both halves hold, and "
-                         "neither half failed at every τ where it bound"}
+           INCONCLUSIVE: "Not decided"}
+NOT_RUN = "not run in this preset: the deep preset trains its study (make report-deep)"
 
 
 def head_dim_of(p: Preset) -> int:
@@ -86,10 +85,12 @@ def head_dim_of(p: Preset) -> int:
 
 
 def build(p: Preset) -> Study:
-    """Q4's training study: the clipped arms in the head_dim study's text setting (one head,
-    d_model = d_k, unit init), LR tuned on the first tuning seed over ``p.tuned_lrs``."""
+    """Q4's study: the clipped arms in head_dim's setting (one head, d_model = d_k, unit init),
+    LR tuned on one seed over ``p.tuned_lrs``; trained in the deep preset only (its ~60 s did
+    not fit the standard 12 min), planned with no seeds elsewhere (:data:`NOT_RUN`)."""
     return Study(STUDY, {**TEXT, **schedule(p.steps), "n_heads": 1}, CLIP_ARMS, p.tuned_lrs,
-                 p.seeds, cells={"init": ("unit",), "d_model": (head_dim_of(p),)},
+                 p.seeds if p.deep else (),
+                 cells={"init": ("unit",), "d_model": (head_dim_of(p),)},
                  lr_choice="tuned", tune_seeds=p.tune_seeds[:1])
 
 
@@ -362,6 +363,9 @@ def caveat(ev: Evidence) -> str:
 
 def judge(ev: Evidence) -> Verdict:
     """Q4: QK-Clip on top of scaled dot, and on plain dot in place of 1/√d_k, per τ."""
+    if not any(ev.loss[a].values for a in CLIP_ARMS if a in ev.loss):  # no clipped arm trained
+        return Verdict(INCONCLUSIVE, RULE, NOT_RUN, {"run": False}, headline=NOT_RUN,
+                       plain=[f"Q4 was {NOT_RUN}."], regime="not run", smallest=V.LOSS_WHY)
     comps = q4_family(ev)
     m = marks(ev, comps)
     verdict = verdict_of(m)
@@ -387,6 +391,8 @@ def judge(ev: Evidence) -> Verdict:
 def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> list[Figure]:
     """The forest plot of the rule's comparisons with ±δ (none when the clip never acted)."""
     names = {"top": "scaled+clip−scaled", "stand": "dot+clip−scaled", "recover": "dot+clip−dot"}
+    if "comparisons" not in numbers:  # not run in this preset
+        return []
     comps = {f"τ={t} {names[kind]}": numbers["comparisons"][key(kind, t)]
              for t in TAUS for kind in KINDS}  # tick labels without spaces (figures.short)
     if not any(finite(c.get("mean")) for c in comps.values()):
@@ -401,16 +407,16 @@ def draw(ev: Mapping[str, Any], numbers: Mapping[str, Any], folder: Path) -> lis
 def says_when(e: dict[str, Any]) -> list[str]:
     """QK-Clip as K2 uses it: per τ how often it acted and what it cost on top of scaled dot,
     then how much of the unscaled gap it recovered on plain dot."""
-    nums = e["numbers"]
-    comps, acts, rec = nums["comparisons"], nums["acted"], nums["recovered"]
+    nums = e["numbers"]  # {"run": False} where the preset did not train Q4's study
+    comps, acts, rec = (nums.get(k, {}) for k in ("comparisons", "acted", "recovered"))
     top, on_dot = [], []
     for tau in TAUS:
-        a, c = acts.get(clip_arm("scaled", tau)), comps[key("top", tau)]
+        a, c = acts.get(clip_arm("scaled", tau)), comps.get(key("top", tau))
         if a is not None:
             top.append(f"τ = {tau} acted in {a['runs']} of {a['of']} runs ({a['late']} in "
                        "the second half)" +
                        (f" and cost {fx(c)}" if a["runs"] and finite(c.get("mean")) else ""))
-        a, c = acts.get(clip_arm("dot", tau)), comps[key("stand", tau)]
+        a, c = acts.get(clip_arm("dot", tau)), comps.get(key("stand", tau))
         if a is None:
             continue
         if not a["runs"]:
