@@ -21,11 +21,11 @@ VERDICT_COLORS = {"supported": "green", "refuted": "red", "depends": "yellow",
 @app.command()
 def report(
     quick: Annotated[bool, typer.Option("--quick", help="About 2 minutes.")] = False,
-    standard: Annotated[bool, typer.Option("--standard", help="The default (≤ 15 min).")] = False,
+    standard: Annotated[bool, typer.Option("--standard", help="The default (≤ 12 min).")] = False,
     deep: Annotated[bool, typer.Option("--deep", help=(
-        "The standard report plus a 1,500-step text study and a high-LR instability study "
-        "without gradient clipping (about 35 min on 2 cores; reuses a standard report's runs "
-        "in the same --db)."))] = False,
+        "The standard report plus a 1,500-step text study, a high-LR instability study "
+        "without gradient clipping and Q4's QK-Clip study (about 22 min on 2 cores after a "
+        "standard report, whose runs it reuses in the same --db)."))] = False,
     full: Annotated[bool, typer.Option("--full", help=(
         "Sized for a Ray cluster: widths to 1024, d_k to 512, thousands of steps; use "
         "--executor ray --address host:port."))] = False,
