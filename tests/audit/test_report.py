@@ -212,6 +212,16 @@ def test_header_says_when_runs_were_reused(tiny):
     assert "assembled in" in cached and "from stored results" in cached and "built in" not in cached
 
 
+def test_the_report_states_its_time_in_units_of_the_hosts_pace(tiny):
+    _, result, _ = tiny
+    pace = result["host_pace"]
+    before, after = pace["reference_s"]
+    assert before > 0 and after > 0
+    assert pace["elapsed_in_references"] == pytest.approx(
+        result["elapsed_s"] / ((before + after) / 2))
+    assert "fixed reference workload" in render.render_html(result, "")
+
+
 def test_seed_offset_runs_every_study_on_disjoint_seeds(tiny, tmp_path):
     """--seed-offset K replicates the studies on other seeds; measurements are reused."""
     from attnscale.audit.studies import PRESETS, studies

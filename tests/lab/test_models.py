@@ -313,3 +313,29 @@ def test_training_builds_the_model_the_task_cue_asks_for():
         assert build_model(config, task).config.cue_at == cue_at, "train.build_model drops cue_at"
     assert build_model(TrainConfig(steps=1), build_task(TrainConfig(steps=1))).config.cue_at == \
         "embedding"
+
+
+@pytest.mark.parametrize("variant", [{"score": "scaled_dot"}, {"score": "cosine"},
+                                     {"score": "scaled_dot", "init": "mup"},
+                                     {"score": "scaled_dot", "tie_embeddings": False}],
+                         ids=variant_id)
+def test_readout_at_some_positions_is_the_full_readout_there(variant):
+    model = tiny(**variant)
+    x = tokens(3, 12)
+    at = torch.zeros(3, 12, dtype=torch.bool)
+    at[0, 11], at[1, 3], at[2, 0], at[2, 7] = True, True, True, True
+    full = model(x)  # (B, T, V)
+    picked = model(x, at=at)  # (N, V), row-major
+    assert picked.shape == (4, TINY["vocab_size"])
+    # rows of one matmul against rows of another: float32 rounding only
+    torch.testing.assert_close(picked, full[at], rtol=1e-5, atol=1e-5)
+    everywhere = model(x, at=torch.ones(3, 12, dtype=torch.bool))
+    torch.testing.assert_close(everywhere, full.reshape(-1, TINY["vocab_size"]),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("at", [torch.ones(3, 12), torch.ones(2, 12, dtype=torch.bool)],
+                         ids=["float", "shape"])
+def test_readout_positions_must_be_a_bool_mask_of_the_tokens_shape(at):
+    with pytest.raises(ValueError, match="at must be a bool"):
+        tiny()(tokens(3, 12), at=at)

@@ -384,3 +384,49 @@ def test_a_healthy_run_has_no_alarm(recwarn):
     assert not [w for w in recwarn if "attention health alarm" in str(w.message)]
     layer = result.history[0]["layers"][0]  # what the frozen rule reads
     assert layer["entropy_uniform"] > 0 and len(layer["logit_std_heads"]) == 2
+
+
+def test_labelled_logits_read_out_only_where_there_is_a_label():
+    from attnscale.lab.train import build_model, build_task, labelled_logits
+
+    cfg = TrainConfig(**TINY)
+    task = build_task(cfg)
+    model = build_model(cfg, task)
+    batch = task.train_batch(0, 8)
+    keep = batch.targets != -100
+    assert 0 < int(keep.sum()) < keep.numel()  # MQAR labels some positions, not all
+    logits, labels = labelled_logits(model, batch)
+    full = model(batch.tokens, batch.scale)
+    torch.testing.assert_close(logits, full[keep], rtol=1e-5, atol=1e-5)
+    assert torch.equal(labels, batch.targets[keep])
+
+    class Plain(torch.nn.Module):  # any model mapping (tokens, scale) to (B, T, V) logits
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, tokens, scale=None):
+            return self.inner(tokens, scale)
+
+    plain, plain_labels = labelled_logits(Plain(), batch)
+    assert torch.equal(plain, full[keep]) and torch.equal(plain_labels, labels)
+
+
+def test_subnormals_are_flushed_during_the_block_only():
+    from attnscale.lab.train import flush_denormals
+
+    tiny_value = torch.tensor([1e-39])  # subnormal in float32 (< 1.18e-38)
+    assert float(tiny_value * 2) > 0
+    with flush_denormals():
+        if not torch.set_flush_denormal(True):
+            pytest.skip("this CPU cannot flush subnormals")
+        assert float(tiny_value * 2) == 0.0
+    assert float(tiny_value * 2) > 0
+
+
+def test_adamw_is_torchs_fused_kernel_on_cpu():
+    from attnscale.lab.train import build_model, build_task
+
+    cfg = TrainConfig(**TINY)
+    model = build_model(cfg, build_task(cfg))
+    assert build_optimizer(model, cfg).defaults["fused"] is True

@@ -123,6 +123,7 @@ def render_html(report: dict[str, Any], explorer_html: str) -> str:
         questions=[_prepare(q) for q in report["questions"]],
         preset=report["preset"], git_rev=report["git_rev"], versions=report["versions"],
         versions_json=dumps(report["versions"]), elapsed_s=report["elapsed_s"],
+        host_pace=report.get("host_pace"),
         n_runs=report["n_runs"], runs_trained=report.get("runs_trained", report["n_runs"]),
         smoke=report.get("smoke", False), takeaways=report.get("takeaways", []),
         errors=report.get("errors", []),

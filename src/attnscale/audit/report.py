@@ -14,6 +14,10 @@ The pipeline:
    (``Claim.panels``) and render the page (:mod:`attnscale.audit.render`).
 4. **Write** ``OUT/index.html`` (self-contained: figures embedded, no network requests),
    ``OUT/report.json`` (schema: docs/report.schema.json) and ``OUT/figures/*.png``.
+
+The report's elapsed time is also stated in units of a fixed reference workload timed before
+and after (:mod:`attnscale.measure.pace`), since the wall time of the same work moves with the
+host's speed.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from attnscale.audit.verdicts import ERROR
 from attnscale.lab.executors import EXECUTORS
 from attnscale.lab.records import Run
 from attnscale.lab.store import Store
+from attnscale.measure.pace import pace_record, reference_seconds
 from attnscale.util.jsonio import dumps, jsonable
 from attnscale.util.provenance import git_revision, versions
 from attnscale.util.validate import check_choice, check_int, check_output_folder
@@ -103,6 +108,7 @@ def build_report(
     check_choice("executor", executor, EXECUTORS)
     started = time.perf_counter()
     out = check_output_folder("out", out)
+    pace_start = reference_seconds()  # the host's pace now (measure.pace)
     db = Path(db) if db else out / "results.db"
     with Store(db) as store:
         measured = measure_all(p, store, say)
@@ -118,6 +124,7 @@ def build_report(
         complete(claim, e, ev, out / "figures")
     claims = [e for c, e, _ in judged if not c.question]
     questions = [e for c, e, _ in judged if c.question]
+    pace_end, elapsed = reference_seconds(), time.perf_counter() - started
     report = jsonable({
         "schema_version": SCHEMA_VERSION, "preset": p.name, "seed_offset": seed_offset,
         "smoke": scale.is_smoke(p.name), "takeaways": takeaways(claims + questions),
@@ -127,7 +134,8 @@ def build_report(
         "claims": claims,
         "questions": questions, "versions": versions(), "git_rev": git_revision(),
         "n_runs": n_runs, "runs_trained": n_runs - n_before,
-        "errors": errors(claims + questions), "elapsed_s": time.perf_counter() - started,
+        "errors": errors(claims + questions), "elapsed_s": elapsed,
+        "host_pace": pace_record(pace_start, pace_end, elapsed),
     })
     (out / "report.json").write_text(dumps(report, indent=1))
     with Store(db) as store:

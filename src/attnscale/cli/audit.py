@@ -81,4 +81,14 @@ def print_verdicts(result: dict[str, Any], preset: str, out: str) -> None:
         console.print(f"[bold yellow]smoke test:[/] the {preset} preset checks that the report "
                       "runs end to end; its verdicts are not evidence (run make report)")
     reused = "" if result.get("runs_trained", 1) else ", every training run reused"
-    console.print(f"elapsed {result['elapsed_s']:.0f} s{reused}")
+    console.print(f"elapsed {result['elapsed_s']:.0f} s{reused}{pace_words(result)}")
+
+
+def pace_words(result: dict[str, Any]) -> str:
+    """'; host reference 0.28 s / 0.29 s (before / after): 3,100 references' (measure.pace)."""
+    pace = result.get("host_pace")
+    if not pace:
+        return ""
+    before, after = pace["reference_s"]
+    return (f"; host reference {before:.2f} s / {after:.2f} s (before / after): "
+            f"{pace['elapsed_in_references']:,.0f} references")

@@ -74,7 +74,8 @@ def gpt_config(config: TrainConfig, task: Task) -> GPTConfig:
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over groups keyed by (decays?, lr factor); weight decay made independent (λ/η).
+    """AdamW over groups keyed by (decays?, lr factor); weight decay made independent (λ/η);
+    torch's fused implementation where every parameter is a float on CPU or CUDA.
 
     Linear and embedding weights decay; everything else (norms, score parameters) does not.
     Learning-rate factors come from ``model.lr_scales()`` if it has one (µP), else 1, times
@@ -98,8 +99,13 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
         }
         for (decay, factor, qk), params in groups.items()
     ]
+    # torch's fused kernel: one pass over each group instead of a dozen ops per tensor (5% of
+    # a small run's time on CPU); the same update up to float rounding
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point
+                for p in model.parameters())
     return torch.optim.AdamW(
-        param_groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.adam_eps)
+        param_groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.adam_eps,
+        fused=fused or None)
 
 
 def clip_gradients(model: nn.Module, config: TrainConfig) -> float:

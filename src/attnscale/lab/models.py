@@ -279,9 +279,16 @@ class GPT(nn.Module):
         return n
 
     # -- forward ----------------------------------------------------------------------------
-    def forward(self, tokens: Tensor, scale: Tensor | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, scale: Tensor | None = None,
+                at: Tensor | None = None) -> Tensor:
         """tokens (B, T) -> logits (B, T, vocab); ``scale`` (B, T) multiplies the token
-        embeddings (``cue_at="embedding"``) or every layer's keys (``cue_at="key"``)."""
+        embeddings (``cue_at="embedding"``) or every layer's keys (``cue_at="key"``).
+
+        ``at`` (B, T) bool: the readout (final LayerNorm, vocabulary projection) only at those
+        positions, logits (N, vocab) in row-major order. Positions are independent after the
+        last block, so this is ``forward(tokens, scale)[at]`` up to float rounding; a task that
+        labels one position in 33-65 (retrieval) skips most of the (B·T, vocab) projection and
+        its gradient."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (B, T), got shape {tuple(tokens.shape)}")
         t = tokens.shape[1]
@@ -302,7 +309,12 @@ class GPT(nn.Module):
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, scale if on_key else None)  # (B, T, C)
+        if at is not None:
+            if at.shape != tokens.shape or at.dtype != torch.bool:
+                raise ValueError(f"at must be a bool (B, T) = {tuple(tokens.shape)} mask, "
+                                 f"got {at.dtype} of shape {tuple(at.shape)}")
+            x = x[at]  # (N, C)
         x = self.ln_f(x)
-        logits = self.lm_head(x)  # (B, T, vocab)
+        logits = self.lm_head(x)  # (B, T, vocab) or (N, vocab)
         return logits if self.readout_mult == 1.0 else logits * self.readout_mult
 
