@@ -526,6 +526,23 @@ def test_a_kept_pool_serves_several_sweeps_and_opens_only_when_there_is_work(tmp
     assert len({r["worker"] for r in runs}) == 1, runs  # one worker process ran all six
 
 
+def test_a_freed_worker_gets_its_next_job_before_its_outcome_is_stored():
+    """The local pool hands a worker its next job before yielding the outcome it just
+    returned, so the worker trains while the caller stores the result."""
+    from attnscale.lab.executors import Job, LocalExecutor
+
+    config = {"task": "text", "seq_len": 16, "batch_size": 4, "n_layers": 1, "steps": 2,
+              "d_model": 16, "n_heads": 2}
+    events: list[tuple[str, str]] = []
+    jobs = [Job(name, {**config, "seed": seed}) for seed, name in enumerate("abc")]
+    with LocalExecutor(workers=1) as pool:
+        for outcome in pool.run(jobs, lambda job_id, worker: events.append(("start", job_id))):
+            assert outcome.error is None, outcome.error
+            events.append(("stored", outcome.id))
+    assert events == [("start", "a"), ("start", "b"), ("stored", "a"), ("start", "c"),
+                      ("stored", "b"), ("stored", "c")]
+
+
 def test_grids_of_one_sweep_run_as_one_batch_largest_first(tmp_path, recording_pool):
     """Several grids of one sweep name (each arm at its own LR, as the report's reported seeds
     are) go to the pool as one batch, deduplicated, the widest model first; grids of two names
