@@ -43,7 +43,7 @@ from train_overhead import step_flops
 
 from attnscale.audit.studies import TEXT
 from attnscale.lab.tasks import IGNORE_INDEX
-from attnscale.lab.train import TrainConfig, Trainer, losses, num_threads
+from attnscale.lab.train import TrainConfig, Trainer, labelled_logits, losses, num_threads
 from attnscale.measure.bench import matmul_peak_gflops
 from attnscale.measure.overhead import measure_ratio
 from attnscale.util.jsonio import jsonable
@@ -67,7 +67,7 @@ def arms(width: int, members: int) -> dict:
 
     def passes(trainer: Trainer, batch) -> None:
         trainer.model.zero_grad(set_to_none=True)
-        losses(trainer.model(batch.tokens), batch.targets)[0].backward()
+        losses(*labelled_logits(trainer.model, batch))[0].backward()
 
     params, buffers = stack_module_state([t.model for t in trainers])
     skeleton = copy.deepcopy(one.model).to("meta")

@@ -543,6 +543,26 @@ def test_a_freed_worker_gets_its_next_job_before_its_outcome_is_stored():
                       ("stored", "b"), ("stored", "c")]
 
 
+def test_a_claim_that_fails_still_hands_over_the_finished_run():
+    """If handing out the next job raises (a lost lease), the outcome already received is
+    yielded first, so the caller stores it, and then the error propagates."""
+    from attnscale.lab.executors import Job, LocalExecutor
+
+    config = {"task": "text", "seq_len": 16, "batch_size": 4, "n_layers": 1, "steps": 2,
+              "d_model": 16, "n_heads": 2}
+
+    def claim(job_id: str, worker: str | None) -> bool:
+        if job_id == "b":
+            raise RuntimeError("lease lost")
+        return True
+
+    stored: list[str] = []
+    with LocalExecutor(workers=1) as pool, pytest.raises(RuntimeError, match="lease lost"):
+        for outcome in pool.run([Job("a", config), Job("b", {**config, "seed": 1})], claim):
+            stored.append(outcome.id)
+    assert stored == ["a"]
+
+
 def test_grids_of_one_sweep_run_as_one_batch_largest_first(tmp_path, recording_pool):
     """Several grids of one sweep name (each arm at its own LR, as the report's reported seeds
     are) go to the pool as one batch, deduplicated, the widest model first; grids of two names

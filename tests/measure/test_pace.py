@@ -45,3 +45,13 @@ def test_clock_is_read_twice_per_repeat():
     calls = itertools.count()
     reference_seconds(repeats=2, steps=1, timer=lambda: float(next(calls)))
     assert next(calls) == 4
+
+
+def test_the_callers_random_state_is_left_alone():
+    import torch
+
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    reference_seconds(repeats=1, steps=1)
+    assert torch.equal(torch.rand(3), expected)

@@ -106,9 +106,9 @@ def build_report(
     p = with_seed_offset(p, check_int("seed_offset", seed_offset, minimum=0))
     check_int("workers", workers, minimum=1)
     check_choice("executor", executor, EXECUTORS)
-    started = time.perf_counter()
     out = check_output_folder("out", out)
-    pace_start = reference_seconds()  # the host's pace now (measure.pace)
+    pace_start = reference_seconds()  # the host's pace now (measure.pace), outside elapsed_s
+    started = time.perf_counter()
     db = Path(db) if db else out / "results.db"
     with Store(db) as store:
         measured = measure_all(p, store, say)
@@ -124,7 +124,8 @@ def build_report(
         complete(claim, e, ev, out / "figures")
     claims = [e for c, e, _ in judged if not c.question]
     questions = [e for c, e, _ in judged if c.question]
-    pace_end, elapsed = reference_seconds(), time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    pace_end = reference_seconds()
     report = jsonable({
         "schema_version": SCHEMA_VERSION, "preset": p.name, "seed_offset": seed_offset,
         "smoke": scale.is_smoke(p.name), "takeaways": takeaways(claims + questions),

@@ -21,7 +21,8 @@ VERDICT_COLORS = {"supported": "green", "refuted": "red", "depends": "yellow",
 @app.command()
 def report(
     quick: Annotated[bool, typer.Option("--quick", help="About 2 minutes.")] = False,
-    standard: Annotated[bool, typer.Option("--standard", help="The default, ~13 min.")] = False,
+    standard: Annotated[bool, typer.Option(
+        "--standard", help="The default, about 14 min on 2 cores.")] = False,
     deep: Annotated[bool, typer.Option("--deep", help=(
         "The standard report plus a 1,500-step text study, a high-LR instability study "
         "without gradient clipping and Q4's QK-Clip study (about 22 min on 2 cores after a "

@@ -214,7 +214,11 @@ class LocalExecutor:
         self._dispatch(queue, on_start)
         while any(w.job for w in self._pool):
             for outcome in self._collect():
-                self._dispatch(queue, on_start)
+                try:
+                    self._dispatch(queue, on_start)
+                except BaseException:  # a claim that failed must not lose a finished run
+                    yield outcome
+                    raise
                 yield outcome
 
     def _dispatch(self, queue: deque[Job],
