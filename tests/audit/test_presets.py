@@ -40,6 +40,8 @@ def test_the_text_sweep_decides_at_unit_init_with_gpt2_context_at_the_widest_wid
     assert plan["lr_text_gpt2"].cells == {"init": ("gpt2",), "d_model": (128,)}
     assert set(plan["lr_text_gpt2"].arms) <= set(plan["lr_text"].arms)
     assert plan["lr_text_gpt2"].seeds == plan["lr_text"].seeds
+    # the context runs the tuned LRs: under GPT-2's init no arm's best is near 0.1
+    assert plan["lr_text_gpt2"].lrs == (1e-3, 3e-3, 1e-2, 3e-2) != plan["lr_text"].lrs
     assert plan["tau_n64"].seeds == tuple(range(6)) and plan["tau_n64"].cells == {
         "seq_len": (64,)}
 

@@ -31,6 +31,24 @@ def test_rope_keeps_norms_and_makes_scores_relative():
     assert not torch.allclose(a[0, 0, 1] @ a[0, 0, 3], q @ k)
 
 
+def test_rope_tables_are_the_rotation_angles_and_are_reused():
+    from attnscale.core.nn import apply_rope, rope_tables
+
+    cos, sin = rope_tables(7, 8, 100.0, torch.float32, torch.device("cpu"))
+    pos = torch.arange(7.0, dtype=torch.float64)[:, None]
+    i = torch.arange(4.0, dtype=torch.float64)
+    angles = pos * 100.0 ** (-2 * i / 8)  # pos·base^(−2i/d)
+    assert cos.dtype == torch.float32 and not cos.requires_grad
+    torch.testing.assert_close(cos, angles.cos().float(), rtol=0, atol=0)
+    torch.testing.assert_close(sin, angles.sin().float(), rtol=0, atol=0)
+    assert rope_tables(7, 8, 100.0, torch.float32, torch.device("cpu"))[0] is cos  # cached
+    x = torch.randn(2, 3, 7, 8, requires_grad=True)
+    y = apply_rope(x, base=100.0)
+    y.sum().backward()  # a graph through the cached tables leaves them untouched
+    assert x.grad is not None and not cos.requires_grad and cos.grad is None
+    torch.testing.assert_close(cos, angles.cos().float(), rtol=0, atol=0)
+
+
 def test_capture_hook_sees_q_k_and_the_call():
     m = MultiheadSelfAttention(16, 4, score="cosine", tau=10.0, causal=True, rotary=True)
     seen = {}

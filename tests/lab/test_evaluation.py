@@ -178,3 +178,58 @@ def test_the_matched_arm_starts_equal_to_scaled_dot_at_the_training_length():
         with torch.no_grad():
             outs.append(model(task.sample(32, 4).tokens)[:, -1])
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------- labelled readout
+
+def full_readout(model, task):
+    """The evaluation as it was before the readout at labelled positions: (B, T, V) logits of
+    every position, cross-entropy ignoring the unlabelled ones, the task's metric_sum on them."""
+    from attnscale.lab.probe import forward_with_answer_weights, has_answer_positions, summarize
+    out = {}
+    with torch.no_grad():
+        for name, batches in task.eval_batches().items():
+            nats, total, count, weights = 0.0, 0.0, 0, []
+            for b in batches:
+                if has_answer_positions(task):
+                    logits, w = forward_with_answer_weights(model, b, task.answer_positions(b))
+                    weights.append(w)
+                else:
+                    logits = model(b.tokens, b.scale)
+                nats += float(torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), b.targets.reshape(-1), reduction="sum"))
+                s, n = task.metric_sum(logits, b)
+                total, count = total + s, count + n
+            out[name] = {"loss": nats / count, "metric": total / count}
+            if weights:
+                out[name]["answer_weight"] = summarize(torch.cat(weights, dim=1))["max"]
+    return out
+
+
+MODEL = {"d_model": 16, "n_heads": 2, "n_layers": 2, "eval_size": 32, "steps": 2,
+         "warmup_steps": 0, "init": "unit"}
+
+
+@pytest.mark.parametrize("task", [
+    TINY,
+    {**MODEL, "task": "mqar", "seq_len": 16, "num_kv_pairs": 2, "vocab_size": 64},
+    {**MODEL, "task": "salience", "num_items": 3},
+    {**{k: v for k, v in MODEL.items() if k != "eval_size"}, "task": "text", "seq_len": 16},
+])
+def test_the_readout_at_labelled_positions_is_the_full_evaluation(task):
+    """evaluate() reads out only at the labelled positions; its loss, metric and answer weight
+    equal those of the full (B, T, V) readout to float32 rounding (metric exactly for accuracy:
+    one argmax in 10⁴ could flip only on a tie closer than the rounding)."""
+    cfg = TrainConfig(**task)
+    t = build_task(cfg)
+    model = build_model(cfg, t)
+    with torch.no_grad():  # sharper attention than at init
+        for m in model.modules():
+            if isinstance(m, MultiheadSelfAttention):
+                m.q_proj.weight.mul_(4.0)
+    new, old = evaluate(model, t), full_readout(model, t)
+    assert new.keys() == old.keys()
+    for name in old:
+        assert new[name].keys() == old[name].keys()
+        for key, value in old[name].items():
+            assert new[name][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)

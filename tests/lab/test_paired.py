@@ -22,6 +22,7 @@ from attnscale.lab.paired import (
     holm_interval,
     no_spread,
     no_worse_pvalues,
+    one_sided_t,
     paired_differences,
     paired_effect,
     reading_pvalues,
@@ -132,6 +133,19 @@ def test_reading_pvalues_match_scipy_one_sided_tests():
     tost = max(stats.ttest_1samp(d, -0.05, alternative="greater").pvalue,
                stats.ttest_1samp(d, 0.05, alternative="less").pvalue)
     assert ps[EQUAL] == pytest.approx(tost)
+
+
+@pytest.mark.parametrize("n", [2, 3, 6, 10, 40])
+def test_the_one_sided_t_test_is_scipys_ttest_1samp(n):
+    rng = np.random.default_rng(n)
+    for _ in range(50):
+        d = rng.normal(rng.normal(0, 0.1), rng.uniform(0.001, 0.3), size=n)
+        mu = float(rng.normal(0, 0.1))
+        for side in ("greater", "less"):
+            want = stats.ttest_1samp(d, mu, alternative=side).pvalue
+            assert one_sided_t(d, mu, side) == pytest.approx(want, rel=1e-12, abs=1e-300)
+    with pytest.raises(ValueError, match="alternative"):
+        one_sided_t(np.array([0.1, 0.2]), 0.0, "two-sided")
 
 
 def test_holm_across_a_family_withholds_a_borderline_reading():

@@ -72,6 +72,9 @@ def test_weights_are_the_models_softmax_entry(score, rotary):
     expected = manual_weights(model, batch, answer, score)
     torch.testing.assert_close(weights[0], expected, atol=1e-5, rtol=1e-4)
     assert float(expected.max()) > 0.2 and float(expected.std()) > 0.02  # a non-trivial check
+    last, again = forward_with_answer_weights(model, batch, answer,
+                                              forward=lambda m, b: m(b.tokens)[:, -1])
+    assert torch.equal(last, plain[:, -1]) and torch.equal(again, weights)  # a given forward
 
 
 @pytest.mark.parametrize("score", ["scaled_dot", "log_length"])

@@ -725,3 +725,31 @@ def test_length_extra_sample_and_errors():
     bad[:, -1] = task.filler_offset  # the query is no key: no pair matches
     with pytest.raises(ValueError, match="exactly one pair"):
         task.answer_positions(Batch(bad, b.targets))
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_the_labelled_metric_is_the_metric_at_the_labelled_positions(name):
+    task = make_task(name, **SMALL[name])
+    batch = next(iter(task.eval_batches().values()))[0]
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(*batch.targets.shape, task.vocab_size, generator=g) * 3.0  # (B, T, V)
+    keep = batch.targets != IGNORE_INDEX
+    total, count = task.metric_sum(logits, batch)
+    picked, n = task.labelled_metric_sum(logits[keep], batch.targets[keep])
+    assert n == count == batch.num_labels
+    assert picked == pytest.approx(total, rel=1e-6)
+    if name != "text":  # accuracy: the argmax hits, counted by hand
+        hits = (logits.argmax(-1) == batch.targets)[keep].sum()
+        assert picked == float(hits)
+
+
+def test_labelled_metric_input_errors():
+    task = make_task("mqar", vocab_size=256)
+    with pytest.raises(ValueError, match="labels"):
+        task.labelled_metric_sum(torch.zeros(4, 256), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="labels"):
+        task.labelled_metric_sum(torch.zeros(2, 4, 256), torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="vocab_size"):
+        task.labelled_metric_sum(torch.zeros(4, 100), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="labelled"):
+        task.labelled_metric_sum(torch.zeros(0, 256), torch.zeros(0, dtype=torch.long))

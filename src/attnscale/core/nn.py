@@ -14,6 +14,7 @@ registry entry (:attr:`attnscale.core.scores.Score.learnable`, built from
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -206,11 +207,20 @@ def apply_rope(x: Tensor, base: float = 10000.0) -> Tensor:
     RMS-normalized scores see the same norms with or without it.
     """
     n, d = x.shape[-2], x.shape[-1]
-    inv_freq = base ** (-torch.arange(0, d // 2, device=x.device, dtype=torch.float64) * 2 / d)
-    angles = torch.arange(n, device=x.device, dtype=torch.float64)[:, None] * inv_freq  # (N, d/2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    cos, sin = rope_tables(n, d, float(base), x.dtype, x.device)  # (N, d/2) each
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+@functools.lru_cache(maxsize=64)
+def rope_tables(n: int, d: int, base: float, dtype: torch.dtype,
+                device: torch.device) -> tuple[Tensor, Tensor]:
+    """(cos, sin) of the rotary angles pos·base^(−2i/d), each (N, d/2) in ``dtype``, computed in
+    float64. Cached: a small model's training step spent a tenth of its time rebuilding them
+    (the cached tensors are never written to)."""
+    inv_freq = base ** (-torch.arange(0, d // 2, device=device, dtype=torch.float64) * 2 / d)
+    angles = torch.arange(n, device=device, dtype=torch.float64)[:, None] * inv_freq  # (N, d/2)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def check_sizes(d_model: int, n_heads: int, n_kv_heads: int) -> None:

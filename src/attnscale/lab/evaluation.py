@@ -30,15 +30,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from attnscale.core.nn import MultiheadSelfAttention
 from attnscale.core.score_ops import default_scale
+from attnscale.lab.models import GPT
 from attnscale.lab.probe import forward_with_answer_weights, has_answer_positions, summarize
-from attnscale.lab.tasks import Batch, Task
+from attnscale.lab.tasks import IGNORE_INDEX, Batch, Task
 
-__all__ = ["LOG_N", "SCALED", "evaluate", "evaluate_log_n", "log_n_factor", "log_n_key",
-           "logit_factor", "main_eval_set", "scalable"]
+__all__ = ["LOG_N", "SCALED", "evaluate", "evaluate_log_n", "labelled_logits", "log_n_factor",
+           "log_n_key", "logit_factor", "main_eval_set", "scalable"]
 
 LOG_N = "log_n"  # prefix of the eval sets evaluated with the log-n factor
 # scores whose logits are scale·(q'·k'), so a factor on ``scale`` multiplies every logit
@@ -90,19 +91,33 @@ def logit_factor(model: nn.Module, factor: float) -> Iterator[None]:
             m.scale = s
 
 
+def labelled_logits(model: nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
+    """(logits (N, V), labels (N,)) at the batch's N labelled positions (target ≠ IGNORE_INDEX).
+
+    A :class:`GPT` reads out only there (its ``at``), which equals ``model(...)[labelled]`` up to
+    float rounding; any other model's (B, T, V) logits are indexed."""
+    keep = batch.targets != IGNORE_INDEX  # (B, T)
+    if isinstance(model, GPT):
+        logits = model(batch.tokens, batch.scale, at=keep)  # (N, V)
+    else:
+        logits = model(batch.tokens, batch.scale)[keep]  # (B, T, V) -> (N, V)
+    return logits, batch.targets[keep]
+
+
 def _evaluate_set(model: nn.Module, task: Task, batches: list[Batch],
                   probe: bool) -> dict[str, float | None]:
-    """Loss, metric (and answer weight when ``probe``) of one eval set, under no_grad."""
+    """Loss, metric (and answer weight when ``probe``) of one eval set, under no_grad, from the
+    logits at the labelled positions only (:func:`labelled_logits`)."""
     nats, total, count, weights = 0.0, 0.0, 0, []
     for b in batches:
         if probe:
-            logits, w = forward_with_answer_weights(model, b, task.answer_positions(b))
+            (logits, labels), w = forward_with_answer_weights(
+                model, b, task.answer_positions(b), forward=labelled_logits)
             weights.append(w)  # (layers, B, heads)
         else:
-            logits = model(b.tokens, b.scale)  # (B, T, V)
-        flat = logits.reshape(-1, logits.shape[-1])
-        nats += float(F.cross_entropy(flat, b.targets.reshape(-1), reduction="sum"))
-        s, n = task.metric_sum(logits, b)
+            logits, labels = labelled_logits(model, b)  # (N, V), (N,)
+        nats += float(F.cross_entropy(logits, labels, reduction="sum"))
+        s, n = task.labelled_metric_sum(logits, labels)
         total, count = total + s, count + n
     out: dict[str, float | None] = {"loss": nats / count, "metric": total / count}
     if probe:

@@ -21,9 +21,9 @@ position per sequence.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -31,6 +31,8 @@ from torch import Tensor, nn
 from attnscale.core.attention import attention
 from attnscale.core.nn import MultiheadSelfAttention
 from attnscale.lab.tasks import IGNORE_INDEX, Batch, Task
+
+Out = TypeVar("Out")
 
 __all__ = [
     "answer_attention",
@@ -102,21 +104,23 @@ def _weights(q: Tensor, k: Tensor, call: dict[str, Any], query: Tensor, answer: 
 
 
 def forward_with_answer_weights(
-    model: nn.Module, batch: Batch, answer: Tensor
-) -> tuple[Tensor, Tensor]:
-    """(logits (B, T, V), weights (L, B, H)) from one forward of ``model`` on ``batch``.
+    model: nn.Module, batch: Batch, answer: Tensor,
+    forward: Callable[[nn.Module, Batch], Out] | None = None,
+) -> tuple[Out | Tensor, Tensor]:
+    """(output, weights (L, B, H)) from one forward of ``model`` on ``batch``.
 
     weights[l, b, h] is the attention weight that head h of the l-th attention call puts, at the
-    labelled position of sequence b, on position ``answer[b]``. ``model`` maps (tokens, scale)
-    to logits; an empty (0, B, 0) weight tensor if it has no MultiheadSelfAttention.
+    labelled position of sequence b, on position ``answer[b]``. The output is
+    ``forward(model, batch)``, by default ``model(tokens, scale)``: the logits (B, T, V). An empty
+    (0, B, 0) weight tensor if the model has no MultiheadSelfAttention.
     """
     b, t = batch.tokens.shape
     answer = _check_positions("answer", answer, b, t)
     query = query_positions(batch)
     with watch_answer(model, query, answer) as found:
-        logits = model(batch.tokens, batch.scale)
+        out = model(batch.tokens, batch.scale) if forward is None else forward(model, batch)
     weights = torch.stack(found) if found else torch.zeros(0, b, 0)
-    return logits, weights
+    return out, weights
 
 
 def summarize(weights: Tensor) -> dict[str, Any]:

@@ -51,9 +51,9 @@ clipping at 1, independent weight decay 1e-4, optional z-loss, linear warmup the
   metrics. ``threads`` (default 1) sets torch's intra-op threads during the run: on a busy
   machine small multi-threaded ops are much slower than single-threaded ones.
 * Speed without a change of recipe: subnormal floats are flushed to zero during a run
-  (:func:`flush_denormals`), a :class:`GPT` computes its readout only at the labelled positions
-  (:func:`labelled_logits`), and AdamW is torch's fused kernel (:func:`build_optimizer`); each
-  changes results by float rounding only.
+  (:func:`flush_denormals`), a :class:`GPT` computes its readout only at the labelled positions,
+  in training and in evaluation (:func:`labelled_logits`), and AdamW is torch's fused kernel
+  (:func:`build_optimizer`); each changes results by float rounding only.
 
 The defaults are the MQAR quick config (see :class:`attnscale.lab.config.TrainConfig`).
 """
@@ -88,8 +88,8 @@ from attnscale.lab.build import (
     qk_projections,
 )
 from attnscale.lab.config import TrainConfig
-from attnscale.lab.evaluation import evaluate, evaluate_log_n, main_eval_set
-from attnscale.lab.models import GPT, GPTConfig
+from attnscale.lab.evaluation import evaluate, evaluate_log_n, labelled_logits, main_eval_set
+from attnscale.lab.models import GPTConfig
 from attnscale.lab.runlog import (
     LAYER_STATS,
     TENSORBOARD_EXTRA,
@@ -101,7 +101,7 @@ from attnscale.lab.runlog import (
     tensorboard_available,
     write_row,
 )
-from attnscale.lab.tasks import IGNORE_INDEX, Batch
+from attnscale.lab.tasks import Batch
 from attnscale.util import provenance
 from attnscale.util.jsonio import jsonable
 
@@ -177,19 +177,6 @@ class RunResult:
 # --------------------------------------------------------------------------------------------
 # Building blocks
 # --------------------------------------------------------------------------------------------
-
-
-def labelled_logits(model: nn.Module, batch: Batch) -> tuple[Tensor, Tensor]:
-    """(logits (N, V), labels (N,)) at the batch's N labelled positions (target ≠ IGNORE_INDEX).
-
-    A :class:`GPT` reads out only there (its ``at``), which equals ``model(...)[labelled]`` up to
-    float rounding; any other model's (B, T, V) logits are indexed."""
-    keep = batch.targets != IGNORE_INDEX  # (B, T)
-    if isinstance(model, GPT):
-        logits = model(batch.tokens, batch.scale, at=keep)  # (N, V)
-    else:
-        logits = model(batch.tokens, batch.scale)[keep]  # (B, T, V) -> (N, V)
-    return logits, batch.targets[keep]
 
 
 def losses(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:

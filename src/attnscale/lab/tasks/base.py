@@ -116,6 +116,19 @@ def check_logits(logits: Tensor, batch: Batch, vocab_size: int) -> None:
         )
 
 
+def check_labelled(logits: Tensor, labels: Tensor, vocab_size: int) -> None:
+    """ValueError unless logits are (N, >= vocab_size) for N ≥ 1 labels (N,)."""
+    if labels.dim() != 1 or logits.dim() != 2 or logits.shape[0] != labels.shape[0]:
+        raise ValueError(f"logits must be (N, vocab) for labels (N,); got logits "
+                         f"{tuple(logits.shape)} and labels {tuple(labels.shape)}")
+    if labels.numel() == 0:
+        raise ValueError("batch has no labelled positions (all targets are IGNORE_INDEX)")
+    if logits.shape[-1] < vocab_size:
+        raise ValueError(
+            f"logits last dim {logits.shape[-1]} is smaller than the task vocab_size {vocab_size}"
+        )
+
+
 # --------------------------------------------------------------------------------------------
 # Base class
 # --------------------------------------------------------------------------------------------
@@ -193,14 +206,17 @@ class Task(ABC):
 
     # -- metric ---------------------------------------------------------------------------
     def metric_sum(self, logits: Tensor, batch: Batch) -> tuple[float, int]:
-        """(sum of per-position scores, number of labelled positions); pools exactly."""
+        """(sum of per-position scores, number of labelled positions) of (B, T, V) logits;
+        pools exactly. The same as :meth:`labelled_metric_sum` at the labelled positions."""
         check_logits(logits, batch, self.vocab_size)
-        mask = batch.targets != IGNORE_INDEX
-        count = int(mask.sum())
-        if count == 0:
-            raise ValueError("batch has no labelled positions (all targets are IGNORE_INDEX)")
-        correct = (logits.argmax(dim=-1) == batch.targets) & mask
-        return float(correct.sum()), count
+        keep = batch.targets != IGNORE_INDEX  # (B, T)
+        return self.labelled_metric_sum(logits[keep], batch.targets[keep])
+
+    def labelled_metric_sum(self, logits: Tensor, labels: Tensor) -> tuple[float, int]:
+        """(number of argmax hits, N) from the logits (N, V) at a batch's N labelled positions
+        and their labels (N,): what :meth:`metric_sum` sums, without the unlabelled rows."""
+        check_labelled(logits, labels, self.vocab_size)
+        return float((logits.argmax(dim=-1) == labels).sum()), labels.numel()
 
     def metric(self, logits: Tensor, batch: Batch) -> float:
         """Accuracy of the argmax over the positions whose target is not IGNORE_INDEX."""

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnscale.lab.tasks.base import IGNORE_INDEX, Batch, Task, check_logits
+from attnscale.lab.tasks.base import Batch, Task, check_labelled
 from attnscale.util.validate import check_int
 
 
@@ -174,16 +174,11 @@ class TextTask(Task):
                          for chunk in self.eval_starts.split(self.eval_batch_size)]}
 
     # -- metric ---------------------------------------------------------------------------
-    def metric_sum(self, logits: Tensor, batch: Batch) -> tuple[float, int]:
-        """(sum of per-position bits, number of labelled positions)."""
-        check_logits(logits, batch, self.vocab_size)
-        count = batch.num_labels
-        if count == 0:
-            raise ValueError("batch has no labelled positions (all targets are IGNORE_INDEX)")
-        nats = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                               batch.targets.reshape(-1), ignore_index=IGNORE_INDEX,
-                               reduction="sum")
-        return float(nats) / math.log(2.0), count
+    def labelled_metric_sum(self, logits: Tensor, labels: Tensor) -> tuple[float, int]:
+        """(sum of per-position bits, N) from the logits (N, V) at the N labelled positions."""
+        check_labelled(logits, labels, self.vocab_size)
+        nats = F.cross_entropy(logits.float(), labels, reduction="sum")
+        return float(nats) / math.log(2.0), labels.numel()
 
     def metric(self, logits: Tensor, batch: Batch) -> float:
         """Bits per character: mean cross-entropy over labelled positions / ln 2."""
