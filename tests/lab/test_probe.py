@@ -77,6 +77,45 @@ def test_weights_are_the_models_softmax_entry(score, rotary):
     assert torch.equal(last, plain[:, -1]) and torch.equal(again, weights)  # a given forward
 
 
+class MaskedTiny(TinyAttention):
+    """TinyAttention whose attention call carries an all-True mask: the probe then computes
+    every row (its path with a mask) instead of the query rows alone."""
+
+    def forward(self, tokens, scale=None):
+        x = self.wte(tokens)
+        keep = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool)
+        return self.head(x + self.attn(x, attn_mask=keep))
+
+
+@pytest.mark.parametrize("score", ["scaled_dot", "log_length", "cosine"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_query_rows_alone_give_the_every_row_weights(score, causal):
+    """Rows in the middle of the sequence (so a causal row sees only part of the keys, and
+    log_length's ln n is that row's count): the query-row path equals the every-row path."""
+    task = LengthTask(seq_len=12, num_pairs=2, num_keys=4, num_values=4, num_fillers=8)
+    batch = task.sample(24, 8, step=3)
+    query = torch.tensor([3, 7, 10, 23, 0, 15, 19, 5])
+    targets = torch.full_like(batch.targets, IGNORE_INDEX)
+    targets[torch.arange(8), query] = 1
+    batch = Batch(batch.tokens, targets)
+    answer = torch.tensor([9, 7, 4, 20, 0, 2, 18, 11])  # rows 0 and 7: past the query
+    torch.manual_seed(0)
+    rows = TinyAttention(task.vocab_size, score=score)
+    rows.attn.causal = causal
+    every = MaskedTiny(task.vocab_size, score=score)
+    every.load_state_dict(rows.state_dict())
+    every.attn.causal = causal
+    with torch.no_grad():
+        rows.attn.q_proj.weight.mul_(8.0)
+        every.attn.q_proj.weight.mul_(8.0)
+    _, fast = forward_with_answer_weights(rows, batch, answer)
+    _, slow = forward_with_answer_weights(every, batch, answer)
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-5)
+    assert float(slow.std()) > 0.01  # weights that differ across rows: a non-trivial check
+    if causal:
+        assert float(fast[0][answer > query].abs().max()) == 0.0  # a key past the query: unseen
+
+
 @pytest.mark.parametrize("score", ["scaled_dot", "log_length"])
 def test_uniform_attention_gives_one_over_visible_keys(score):
     task = LengthTask(seq_len=8, num_pairs=2, eval_size=32, eval_multipliers=(1, 3))

@@ -91,16 +91,27 @@ def watch_answer(model: nn.Module, query: Tensor, answer: Tensor) -> Iterator[li
 
 
 def _weights(q: Tensor, k: Tensor, call: dict[str, Any], query: Tensor, answer: Tensor) -> Tensor:
-    """(B, H) weight of row query[b] on key answer[b], from the module's own attention call."""
+    """(B, H) weight of row query[b] on key answer[b], from the module's own attention call.
+
+    Without an ``attn_mask`` only the query rows are computed: row query[b] alone, with the keys
+    it sees (all, or 0..query[b] under ``is_causal``) as a mask, which is the same softmax row
+    (the scores see the same q, k and number of visible keys); with one, every row."""
     b, hk, n, _ = k.shape  # (B, Hkv, N, d)
     if query.shape != (b,) or bool((answer >= n).any()) or bool((query >= q.shape[-2]).any()):
         raise ValueError(f"query/answer positions do not fit a batch of {b} sequences of {n} keys")
+    rows, query, answer = torch.arange(b), query.to(q.device), answer.to(q.device)
     onehot = torch.zeros(b, hk, n, 1, dtype=q.dtype, device=q.device)
-    onehot[torch.arange(b), :, answer.to(q.device)] = 1.0  # e_a as the value of every key head
+    onehot[rows, :, answer] = 1.0  # e_a as the value of every key head
     kwargs = {name: v.detach() if isinstance(v, Tensor) else v for name, v in call.items()}
     with torch.no_grad():
-        out = attention(q, k, onehot, **kwargs)  # (B, H, Nq, 1): p[..., i, a] for every row i
-    return out[torch.arange(b), :, query.to(q.device), 0].float().cpu()  # (B, H)
+        if kwargs.get("attn_mask") is not None:
+            out = attention(q, k, onehot, **kwargs)  # (B, H, Nq, 1): p[..., i, a], every row i
+            return out[rows, :, query, 0].float().cpu()  # (B, H)
+        keys = torch.arange(n, device=q.device)
+        sees = keys <= query[:, None] if kwargs["is_causal"] else keys.expand(b, n) >= 0
+        kwargs.update(attn_mask=sees[:, None, None, :], is_causal=False)  # (B, 1, 1, N)
+        out = attention(q[rows, :, query].unsqueeze(2), k, onehot, **kwargs)  # (B, H, 1, 1)
+    return out[:, :, 0, 0].float().cpu()  # (B, H)
 
 
 def forward_with_answer_weights(
