@@ -753,3 +753,15 @@ def test_labelled_metric_input_errors():
         task.labelled_metric_sum(torch.zeros(4, 100), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="labelled"):
         task.labelled_metric_sum(torch.zeros(0, 256), torch.zeros(0, dtype=torch.long))
+
+
+def test_the_text_encoding_is_computed_once_per_text(tmp_path):
+    from attnscale.lab.tasks.text import encoded
+
+    a, b = make_task("text", seq_len=16), make_task("text", seq_len=32, seed=3)
+    assert a.data is b.data and a.chars == b.chars  # one encoding of the default corpus
+    other = tmp_path / "t.txt"
+    other.write_text("abcab" * 400, encoding="utf-8")
+    c = make_task("text", seq_len=8, path=str(other))
+    assert c.chars == ["a", "b", "c"] and c.decode(c.data[:5]) == "abcab"
+    assert encoded("abcab" * 400)[2] is c.data

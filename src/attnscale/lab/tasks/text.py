@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -25,6 +26,19 @@ def default_corpus() -> str:
     Python versions; :attr:`TextTask.sha256` records which text a run used.
     """
     return "".join(topics[key] for key in sorted(topics))
+
+
+@functools.lru_cache(maxsize=4)
+def encoded(text: str) -> tuple[str, tuple[str, ...], Tensor]:
+    """(SHA-256 of the UTF-8 text, its distinct characters in code-point order, the int64 id of
+    every character): the vocabulary and data of a :class:`TextTask`. Cached per process, since
+    a sweep builds one task per run (np.unique over the default corpus took 20 ms); the tensor
+    is shared, so it is read-only by convention (windows are copied out of it)."""
+    sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    uniq, inverse = np.unique(codepoints, return_inverse=True)
+    return sha, tuple(chr(int(c)) for c in uniq), torch.from_numpy(
+        inverse.astype(np.int64).reshape(-1))
 
 
 class TextTask(Task):
@@ -71,14 +85,10 @@ class TextTask(Task):
             self.source = self.path
             text = self._read(Path(path))
         self.text = text
-        self.sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-        codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        uniq, inverse = np.unique(codepoints, return_inverse=True)
-        self.chars: list[str] = [chr(int(c)) for c in uniq]
+        self.sha256, chars, self.data = encoded(text)
+        self.chars: list[str] = list(chars)
         self.stoi: dict[str, int] = {c: i for i, c in enumerate(self.chars)}
         self.vocab_size = len(self.chars)
-        self.data = torch.from_numpy(inverse.astype(np.int64).reshape(-1))
         self.n_train = int(len(text) * self.TRAIN_FRACTION)
         n_eval = len(text) - self.n_train
         need = self.seq_len + 1
