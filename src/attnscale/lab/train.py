@@ -53,7 +53,9 @@ clipping at 1, independent weight decay 1e-4, optional z-loss, linear warmup the
 * Speed without a change of recipe: subnormal floats are flushed to zero during a run
   (:func:`flush_denormals`), a :class:`GPT` computes its readout only at the labelled positions,
   in training and in evaluation (:func:`labelled_logits`), and AdamW is torch's fused kernel
-  (:func:`build_optimizer`); each changes results by float rounding only.
+  (:func:`build_optimizer`); each changes results by float rounding only. A process draws a
+  task's batches once for every run of the same task settings and seed
+  (:mod:`attnscale.lab.tasks.cache`), which changes nothing at all.
 
 The defaults are the MQAR quick config (see :class:`attnscale.lab.config.TrainConfig`).
 """

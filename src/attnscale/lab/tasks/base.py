@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from attnscale.lab.tasks.cache import BATCHES, task_key
 from attnscale.util.validate import check_int
 
 IGNORE_INDEX = -100
@@ -160,6 +161,7 @@ class Task(ABC):
     def __init__(self, *, seed: int = 0) -> None:
         self.seed = check_int("seed", seed, minimum=None)
         self._eval_cache: dict[str, list[Batch]] | None = None
+        self._key: tuple[Any, ...] | None = None  # task_key(self), once the settings are set
 
     # -- seeding --------------------------------------------------------------------------
     def generator(self, split: str, step: int) -> torch.Generator:
@@ -170,10 +172,14 @@ class Task(ABC):
 
     # -- data -----------------------------------------------------------------------------
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        """Training batch number ``step`` (deterministic in (seed, step))."""
+        """Training batch number ``step`` (deterministic in (seed, step)); drawn once per
+        process for every task with the same settings and seed (:mod:`.cache`)."""
         step = check_int("step", step, minimum=0)
         batch_size = check_int("batch_size", batch_size)
-        return self._sample(self.generator("train", step), batch_size, self.seq_len)
+        if self._key is None:
+            self._key = task_key(self)
+        return BATCHES.get((self._key, "train", step, batch_size), lambda: self._sample(
+            self.generator("train", step), batch_size, self.seq_len))
 
     def eval_batches(self) -> dict[str, list[Batch]]:
         """Fixed held-out set(s), built once and cached (do not modify the tensors in place)."""
