@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # base imports this module
-    from attnscale.lab.tasks.base import Batch
+# A batch here is a :class:`attnscale.lab.tasks.Batch` (tokens, targets, scale); base.py, which
+# defines it, imports this module, so it is not imported back.
+Batch = Any
 
 __all__ = ["BATCHES", "BatchCache", "task_key"]
 
