@@ -43,6 +43,7 @@ from train_overhead import step_flops
 
 from attnscale.audit.studies import TEXT
 from attnscale.lab.tasks import IGNORE_INDEX
+from attnscale.lab.tasks.cache import BATCHES
 from attnscale.lab.train import TrainConfig, Trainer, labelled_logits, losses, num_threads
 from attnscale.measure.bench import matmul_peak_gflops
 from attnscale.measure.overhead import measure_ratio
@@ -142,7 +143,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     start = time.perf_counter()
-    with num_threads(1):
+    with num_threads(1), BATCHES.disabled():  # every arm draws its own batches
         peak = matmul_peak_gflops()
         rows = []
         for width in args.widths:

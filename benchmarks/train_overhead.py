@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnscale.lab.models import GPT
+from attnscale.lab.tasks.cache import BATCHES
 from attnscale.lab.train import TrainConfig, Trainer, num_threads
 from attnscale.measure.bench import matmul_peak_gflops
 from attnscale.util.provenance import git_revision, machine, versions
@@ -202,7 +203,7 @@ def main() -> None:
     sizes = {"d_model": args.d_model, "n_heads": args.heads, "n_layers": args.layers,
              "batch_size": args.batch_size, "threads": args.threads, "mlp": args.mlp}
     cfg = TrainConfig(**{k: v for k, v in sizes.items() if v is not None})
-    with num_threads(cfg.run.threads):
+    with num_threads(cfg.run.threads), BATCHES.disabled():  # every arm draws its own batches
         record = measure(cfg, args.blocks)
     record.update(versions=versions(), git_rev=git_revision(), machine=machine())
     report(record)

@@ -49,6 +49,17 @@ def test_rope_tables_are_the_rotation_angles_and_are_reused():
     torch.testing.assert_close(cos, angles.cos().float(), rtol=0, atol=0)
 
 
+def test_rope_tables_first_made_under_inference_mode_still_train():
+    from attnscale.core.nn import apply_rope, rope_tables
+
+    rope_tables.cache_clear()
+    with torch.inference_mode():
+        apply_rope(torch.randn(1, 1, 5, 6), base=77.0)  # the tables are made here first
+    x = torch.randn(1, 1, 5, 6, requires_grad=True)
+    apply_rope(x, base=77.0).sum().backward()  # an inference tensor could not be saved
+    assert x.grad is not None
+
+
 def test_capture_hook_sees_q_k_and_the_call():
     m = MultiheadSelfAttention(16, 4, score="cosine", tau=10.0, causal=True, rotary=True)
     seen = {}

@@ -68,3 +68,21 @@ def test_a_run_is_the_same_with_a_cold_or_a_warm_cache():
     assert BATCHES.hits >= 6
     assert cold.final_loss == warm.final_loss
     assert [r["loss"] for r in cold.history] == [r["loss"] for r in warm.history]
+
+
+def test_the_key_holds_class_constants_and_the_corpus_by_its_hash_and_follows_changes():
+    text = make_task("text", seq_len=16)
+    key = dict(task_key(text)[2])
+    assert "text" not in key and key["sha256"] == text.sha256
+    assert key["TRAIN_FRACTION"] == 0.9  # a class constant that decides the batches
+    task = make_task("length", **SMALL["length"])
+    before = task_key(task)
+    task.seed = 7  # changed after construction: a new key, not the old batches
+    assert task_key(task) != before
+
+
+def test_a_task_that_overrides_only_metric_sum_is_refused():
+    from attnscale.lab.tasks.base import Task
+
+    with pytest.raises(TypeError, match="labelled_metric_sum"):
+        type("Scored", (Task,), {"metric_sum": lambda self, logits, batch: (0.0, 1)})

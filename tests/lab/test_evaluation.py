@@ -182,24 +182,56 @@ def test_the_matched_arm_starts_equal_to_scaled_dot_at_the_training_length():
 
 # ------------------------------------------------------------------- labelled readout
 
+def manual_answer_weights(model, batch, answer):
+    """(L, B, H) answer weights written out, independent of the probe: every attention call's
+    q, k (seen through its capture hook) give softmax(q·kᵀ·scale + causal mask), read at
+    [query, answer]. Only for scaled dot, the score of these models."""
+    from attnscale.lab.probe import query_positions
+    mods = [m for m in model.modules() if isinstance(m, MultiheadSelfAttention)]
+    found, query, rows = [], query_positions(batch), torch.arange(len(answer))
+
+    def capture(mod, q, k, call):
+        assert call["score"] == "scaled_dot" and call["attn_mask"] is None
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, N, d)
+        scale = call["scale"] if call["scale"] is not None else q.shape[-1] ** -0.5
+        logits = (q @ k.transpose(-1, -2)).double() * scale
+        n = logits.shape[-1]
+        if call["is_causal"]:
+            logits = logits.masked_fill(torch.ones(n, n).triu(1).bool(), float("-inf"))
+        found.append(logits.softmax(-1)[rows, :, query, answer].float())  # (B, H)
+
+    for m in mods:
+        m.capture = capture
+    try:
+        model(batch.tokens, batch.scale)
+    finally:
+        for m in mods:
+            m.capture = None
+    return torch.stack(found)
+
+
 def full_readout(model, task):
-    """The evaluation as it was before the readout at labelled positions: (B, T, V) logits of
-    every position, cross-entropy ignoring the unlabelled ones, the task's metric_sum on them."""
-    from attnscale.lab.probe import forward_with_answer_weights, has_answer_positions, summarize
+    """The evaluation as it was before the readout at labelled positions, written out: (B, T, V)
+    logits of every position, cross-entropy ignoring the unlabelled ones, the metric from them
+    (bits per character, or argmax hits), and the answer weight from :func:`manual_answer_weights`.
+    """
+    from attnscale.lab.probe import has_answer_positions, summarize
+    from attnscale.lab.tasks import IGNORE_INDEX
     out = {}
     with torch.no_grad():
         for name, batches in task.eval_batches().items():
             nats, total, count, weights = 0.0, 0.0, 0, []
             for b in batches:
+                logits = model(b.tokens, b.scale)  # (B, T, V)
                 if has_answer_positions(task):
-                    logits, w = forward_with_answer_weights(model, b, task.answer_positions(b))
-                    weights.append(w)
-                else:
-                    logits = model(b.tokens, b.scale)
-                nats += float(torch.nn.functional.cross_entropy(
+                    weights.append(manual_answer_weights(model, b, task.answer_positions(b)))
+                ce = float(torch.nn.functional.cross_entropy(
                     logits.reshape(-1, logits.shape[-1]), b.targets.reshape(-1), reduction="sum"))
-                s, n = task.metric_sum(logits, b)
-                total, count = total + s, count + n
+                keep = b.targets != IGNORE_INDEX
+                nats += ce
+                total += (ce / math.log(2.0) if task.name == "text" else
+                          float(((logits.argmax(-1) == b.targets) & keep).sum()))
+                count += int(keep.sum())
             out[name] = {"loss": nats / count, "metric": total / count}
             if weights:
                 out[name]["answer_weight"] = summarize(torch.cat(weights, dim=1))["max"]

@@ -146,6 +146,9 @@ def test_the_one_sided_t_test_is_scipys_ttest_1samp(n):
             assert one_sided_t(d, mu, side) == pytest.approx(want, rel=1e-12, abs=1e-300)
     with pytest.raises(ValueError, match="alternative"):
         one_sided_t(np.array([0.1, 0.2]), 0.0, "two-sided")
+    for flat in (np.array([0.1]), np.array([0.3, 0.3, 0.3])):
+        with pytest.raises(ValueError, match="spread"):
+            one_sided_t(flat, 0.0, "greater")
 
 
 def test_holm_across_a_family_withholds_a_borderline_reading():

@@ -87,9 +87,13 @@ class MaskedTiny(TinyAttention):
         return self.head(x + self.attn(x, attn_mask=keep))
 
 
-@pytest.mark.parametrize("score", ["scaled_dot", "log_length", "cosine"])
+@pytest.mark.parametrize("attn", [
+    {"score": "scaled_dot"}, {"score": "log_length"}, {"score": "cosine"},
+    {"score": "softcap", "cap": 2.0},  # not fused: the chunked path with the row mask
+    {"score": "scaled_dot", "rotary": True}, {"score": "scaled_dot", "n_kv_heads": 1},
+    {"score": "cosine", "temperature": "qknorm", "seq_len": 24}])  # a learned per-head g
 @pytest.mark.parametrize("causal", [True, False])
-def test_the_query_rows_alone_give_the_every_row_weights(score, causal):
+def test_the_query_rows_alone_give_the_every_row_weights(attn, causal):
     """Rows in the middle of the sequence (so a causal row sees only part of the keys, and
     log_length's ln n is that row's count): the query-row path equals the every-row path."""
     task = LengthTask(seq_len=12, num_pairs=2, num_keys=4, num_values=4, num_fillers=8)
@@ -100,9 +104,9 @@ def test_the_query_rows_alone_give_the_every_row_weights(score, causal):
     batch = Batch(batch.tokens, targets)
     answer = torch.tensor([9, 7, 4, 20, 0, 2, 18, 11])  # rows 0 and 7: past the query
     torch.manual_seed(0)
-    rows = TinyAttention(task.vocab_size, score=score)
+    rows = TinyAttention(task.vocab_size, **attn)
     rows.attn.causal = causal
-    every = MaskedTiny(task.vocab_size, score=score)
+    every = MaskedTiny(task.vocab_size, **attn)
     every.load_state_dict(rows.state_dict())
     every.attn.causal = causal
     with torch.no_grad():

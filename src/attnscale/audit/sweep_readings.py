@@ -32,6 +32,15 @@ def divergence_counts(ev: LRText) -> dict[str, int]:
             "past": sum(a.n_past_logit_limit for a in arms)}
 
 
+def grid_of(ev: LRText, init: str) -> str:
+    """", LRs 0.001–0.03": the LRs the sweep ran in the cells of init regime ``init`` (the
+    GPT-2-init context runs a shorter grid than the unit-init cells that decide), or "" when
+    the cells record no loss per LR."""
+    lrs = sorted({float(lr) for label, by_arm in ev.sweep.items() if f"init={init}" in label
+                  for a in by_arm.values() for lr in a.loss_by_lr})
+    return f", LRs {lrs[0]:g}–{lrs[-1]:g}" if lrs else ""
+
+
 def sweep_regime(ev: LRText, counts: dict[str, int]) -> str:
     """The regime line, with what the study cannot show."""
     widths = ", ".join(w.split("=")[-1] for w in ev.sweep)

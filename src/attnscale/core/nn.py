@@ -218,9 +218,12 @@ def rope_tables(n: int, d: int, base: float, dtype: torch.dtype,
     """(cos, sin) of the rotary angles pos·base^(−2i/d), each (N, d/2) in ``dtype``, computed in
     float64. Cached: a small model's training step spent a tenth of its time rebuilding them
     (the cached tensors are never written to)."""
-    inv_freq = base ** (-torch.arange(0, d // 2, device=device, dtype=torch.float64) * 2 / d)
-    angles = torch.arange(n, device=device, dtype=torch.float64)[:, None] * inv_freq  # (N, d/2)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    # plain tensors even when first asked for under inference_mode, which a later training
+    # forward could not save for backward
+    with torch.inference_mode(False), torch.no_grad():
+        inv_freq = base ** (-torch.arange(0, d // 2, device=device, dtype=torch.float64) * 2 / d)
+        angles = torch.arange(n, device=device, dtype=torch.float64)[:, None] * inv_freq
+        return angles.cos().to(dtype), angles.sin().to(dtype)  # (N, d/2) each
 
 
 def check_sizes(d_model: int, n_heads: int, n_kv_heads: int) -> None:

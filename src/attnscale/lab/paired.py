@@ -159,6 +159,8 @@ def one_sided_t(d: np.ndarray, popmean: float, alternative: str) -> float:
     these tests, and ttest_1samp's input handling took a millisecond each."""
     check_choice("alternative", alternative, ("greater", "less"))
     n = len(d)
+    if n < 2 or no_spread(np.asarray(d, dtype=float)):
+        raise ValueError(f"a t-test needs at least 2 differences with spread; got {list(d)}")
     t = (np.mean(d) - popmean) / np.sqrt(np.var(d, ddof=1) / n)
     return float(scipy.special.stdtr(n - 1, -t if alternative == "greater" else t))
 

@@ -108,7 +108,7 @@ def _weights(q: Tensor, k: Tensor, call: dict[str, Any], query: Tensor, answer: 
             out = attention(q, k, onehot, **kwargs)  # (B, H, Nq, 1): p[..., i, a], every row i
             return out[rows, :, query, 0].float().cpu()  # (B, H)
         keys = torch.arange(n, device=q.device)
-        sees = keys <= query[:, None] if kwargs["is_causal"] else keys.expand(b, n) >= 0
+        sees = keys <= query[:, None] if kwargs.get("is_causal") else keys.expand(b, n) >= 0
         kwargs.update(attn_mask=sees[:, None, None, :], is_causal=False)  # (B, 1, 1, N)
         out = attention(q[rows, :, query].unsqueeze(2), k, onehot, **kwargs)  # (B, H, 1, 1)
     return out[:, :, 0, 0].float().cpu()  # (B, H)

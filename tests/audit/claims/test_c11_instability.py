@@ -103,6 +103,15 @@ def test_c11_flips_between_growing_instability_and_none():
     assert "3e+04 at width 128 (unit init)" in yes.plain[2]
 
 
+def test_the_context_sentence_names_the_context_grid():
+    """The GPT-2-init cells run a shorter LR grid than the deciding ones; the sentence says so."""
+    ev = with_context(c11(Draw(0), (0.0, 0.0)), Draw(5), (0.3, 0.6))
+    for label in CONTEXT:
+        for arm in ev["sweep"][label].values():
+            arm["loss_by_lr"] = {"0.001": 3.0, "0.003": 2.9, "0.03": 3.2}
+    assert judge(ev).plain[-1].startswith("Context, GPT-2 init, LRs 0.001–0.03: dot − scaled_dot")
+
+
 def test_c11_unit_init_decides_and_gpt2_init_is_context():
     """GPT-2 cells that would read the other way change no verdict and no number; they are a
     sentence. Without unit-init cells nothing is decided."""

@@ -37,7 +37,7 @@ from attnscale.audit.figure_text import finite, n_seeds, sci
 from attnscale.audit.figures import fig_forest
 from attnscale.audit.interval import Comparison
 from attnscale.audit.readings import text_evidence
-from attnscale.audit.sweep_readings import SweepKey, divergence_counts, sweep_arm
+from attnscale.audit.sweep_readings import SweepKey, divergence_counts, grid_of, sweep_arm
 from attnscale.audit.theory_plots import below, save
 from attnscale.audit.verdicts import (
     DEPENDS,
@@ -225,7 +225,8 @@ def context_text(ev: LRText) -> str | None:
     comps = c11_family(ev, GPT2)
     sens = [f"{width(k[:-len(' sensitivity')])} {c.effect('nats')}"
             for k, c in comps.items() if k.endswith(" sensitivity")]
-    return f"Context, GPT-2 init: dot − scaled_dot LR sensitivity {'; '.join(sens)}."
+    return (f"Context, GPT-2 init{grid_of(ev, GPT2)}: dot − scaled_dot LR sensitivity "
+            f"{'; '.join(sens)}.")
 
 
 def judge(ev: LRText) -> Verdict:

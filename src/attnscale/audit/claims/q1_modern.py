@@ -22,7 +22,7 @@ from attnscale.audit.figure_text import n_seeds
 from attnscale.audit.figures import fig_forest
 from attnscale.audit.interval import Comparison
 from attnscale.audit.readings import GPT2, UNIT, text_evidence
-from attnscale.audit.sweep_readings import divergence_counts, sweep_arm, sweep_regime
+from attnscale.audit.sweep_readings import divergence_counts, grid_of, sweep_arm, sweep_regime
 from attnscale.audit.verdicts import (
     DEPENDS,
     INCONCLUSIVE,
@@ -126,7 +126,7 @@ def judge(ev: LRText) -> Verdict:
     verdict = aggregate(marks, {SUPPORTED}, {REFUTED})
     plain = [f"Unit init, {s}" for s in width_sentences(per_width)]
     if context:
-        plain += [f"Context (GPT-2 init, not in the verdict), {s}"
+        plain += [f"Context (GPT-2 init{grid_of(ev, GPT2)}, not in the verdict), {s}"
                   for s in width_sentences(matches(ev, context, GPT2))]
     plain.append("What 'better' means here depends on the grid: sensitivity averages the loss "
                  "over LRs nobody would choose, which rewards scores that tolerate large LRs.")

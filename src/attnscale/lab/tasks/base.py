@@ -145,6 +145,8 @@ class Task(ABC):
     """
 
     name: ClassVar[str] = ""
+    # attributes the batch cache's key leaves out (lab.tasks.cache.task_key)
+    key_skip: ClassVar[tuple[str, ...]] = ()
     # TrainConfig values this task needs unless the user sets them (e.g. RoPE for the length
     # task, whose evaluation runs past the training length); the trainer applies them.
     model_defaults: ClassVar[dict[str, Any]] = {}
@@ -158,10 +160,17 @@ class Task(ABC):
     eval_size: int
     eval_batch_size: int
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A task scores by :meth:`labelled_metric_sum` (evaluation calls it); one that
+        overrode only :meth:`metric_sum` would be scored by accuracy in evaluation."""
+        super().__init_subclass__(**kwargs)
+        if "metric_sum" in vars(cls) and "labelled_metric_sum" not in vars(cls):
+            raise TypeError(f"{cls.__name__} overrides metric_sum but not labelled_metric_sum, "
+                            "which evaluation uses: override labelled_metric_sum instead")
+
     def __init__(self, *, seed: int = 0) -> None:
         self.seed = check_int("seed", seed, minimum=None)
         self._eval_cache: dict[str, list[Batch]] | None = None
-        self._key: tuple[Any, ...] | None = None  # task_key(self), once the settings are set
 
     # -- seeding --------------------------------------------------------------------------
     def generator(self, split: str, step: int) -> torch.Generator:
@@ -176,9 +185,7 @@ class Task(ABC):
         process for every task with the same settings and seed (:mod:`.cache`)."""
         step = check_int("step", step, minimum=0)
         batch_size = check_int("batch_size", batch_size)
-        if self._key is None:
-            self._key = task_key(self)
-        return BATCHES.get((self._key, "train", step, batch_size), lambda: self._sample(
+        return BATCHES.get((task_key(self), "train", step, batch_size), lambda: self._sample(
             self.generator("train", step), batch_size, self.seq_len))
 
     def eval_batches(self) -> dict[str, list[Batch]]:

@@ -12,7 +12,8 @@ batches costs a dictionary lookup per step and no memory.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -32,11 +33,18 @@ def _plain(value: Any) -> bool:
 
 
 def task_key(task: Any) -> tuple[Hashable, ...]:
-    """What decides a task's batches: its class and every plain public attribute (settings and
-    seed; tensors derived from them, such as a text task's encoded corpus, follow from its text
-    and are left out). Two tasks with the same key draw the same batches."""
-    attrs = sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in vars(task).items()
-                   if not k.startswith("_") and _plain(v))
+    """What decides a task's batches: its class, the plain public attributes of the class and
+    its bases (e.g. a special token's id) and of the task (its settings and seed), but those
+    the class names in ``key_skip`` (a text task's whole corpus, whose SHA-256 is in the key).
+    Tensors derived from these are left out. Two tasks with the same key draw the same batches.
+    Computed at each draw (~20 µs), so a task changed after its first draw gets a new key."""
+    skip = set(getattr(task, "key_skip", ()))
+    fields: dict[str, Any] = {}
+    for klass in reversed(type(task).__mro__):
+        fields.update(vars(klass))
+    fields.update(vars(task))
+    attrs = sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in fields.items()
+                   if not k.startswith("_") and k not in skip and _plain(v))
     return (type(task).__module__, type(task).__qualname__, tuple(attrs))
 
 
@@ -72,6 +80,17 @@ class BatchCache:
             self._items.move_to_end(key)
         return replace(batch, tokens=batch.tokens.clone(), targets=batch.targets.clone(),
                        scale=None if batch.scale is None else batch.scale.clone())
+
+    @contextmanager
+    def disabled(self) -> Iterator[None]:
+        """Within the block every batch is drawn afresh and nothing is kept (a benchmark that
+        times training steps must not let one arm draw what another then reuses)."""
+        old, self.max_bytes = self.max_bytes, 0
+        self.clear()
+        try:
+            yield
+        finally:
+            self.max_bytes = old
 
     def clear(self) -> None:
         """Forget every batch (and the counts)."""

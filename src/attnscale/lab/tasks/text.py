@@ -68,6 +68,9 @@ class TextTask(Task):
     metric_name = "bits_per_char"
     higher_is_better = False
     TRAIN_FRACTION: ClassVar[float] = 0.9
+    # the batch cache keys a task by its settings (lab.tasks.cache.task_key): the corpus by its
+    # SHA-256, not by the text itself
+    key_skip: ClassVar[tuple[str, ...]] = ("text",)
 
     def __init__(self, *, seq_len: int | None = None, seed: int = 0,
                  path: str | os.PathLike[str] | None = None, eval_windows: int = 32,
