@@ -10,9 +10,9 @@ loss diverge.
 ``callback`` with ``AttentionHealthCallback(every_n_steps=--every)``, in an order rotated from
 repeat to repeat. The time is that of ``trainer.train()``. Per repeat r_i = t_arm / t_plain; the
 estimate is their geometric mean with a Student-t 95% interval on ln r_i
-(:func:`attnscale.measure.overhead.log_ratio_interval`); ``floor`` is the noise floor (its interval
-should straddle 1). ``design_ms`` compares the callback's design (the Monitor wraps the step's
-own forward) with the alternative (one extra no-grad forward per sampled step).
+(:func:`attnscale.measure.ratio_interval.log_ratio_interval`); ``floor`` is the noise floor
+(its interval should straddle 1). ``design_ms`` compares the callback's design (the Monitor
+wraps the step's own forward) with the alternative (one extra no-grad forward per sampled step).
 
 (b) Divergence. A copy task (masked tokens whose twin sits 8 positions away), learning rate
 warmed up linearly to 1.0 over 200 steps and held (``constant_with_warmup``), 300 steps, loss
@@ -40,7 +40,7 @@ import transformers
 
 from attnscale.integrations.hf import AttentionHealthCallback
 from attnscale.measure.monitor import Monitor
-from attnscale.measure.overhead import log_ratio_interval
+from attnscale.measure.ratio_interval import log_ratio_interval
 from attnscale.util.provenance import git_revision
 
 VOCAB = 100

@@ -7,7 +7,8 @@ intervals.
 For each length, every repeat runs one forward pass of each mode once, in an order rotated from
 repeat to repeat (so drift and position cancel), always with a plain pass (no monitor) among
 them. Per repeat and mode r_i = t_mode / t_plain of that repeat; the estimate is their geometric
-mean with a Student-t interval on ln r_i (:func:`attnscale.measure.overhead.log_ratio_interval`):
+mean with a Student-t interval on ln r_i
+(:func:`attnscale.measure.ratio_interval.log_ratio_interval`):
 
     ratio = exp(m),  m = mean(ln r_i),  95% interval exp(m ± t_{0.975, n−1} · s / √n).
 
@@ -38,7 +39,7 @@ import torch
 from attnscale.measure import native
 from attnscale.measure.inspection import load_model, resolve_model_dir
 from attnscale.measure.monitor import Monitor
-from attnscale.measure.overhead import log_ratio_interval
+from attnscale.measure.ratio_interval import log_ratio_interval
 from attnscale.util.provenance import git_revision
 
 MODES: dict[str, dict] = {

@@ -7,7 +7,7 @@ Rows are timed in ``--rounds`` rounds, interleaved: each round times every row o
 call of a ≥ 0.2 s ``torch.utils.benchmark`` block), and the first row of each group, the
 reference, twice, so that its second timing against its first is the group's noise floor. Each
 row reads as the geometric-mean ratio to its group's reference over the rounds, with a 95 %
-Student-t interval on the per-round log ratios (:func:`attnscale.measure.overhead.
+Student-t interval on the per-round log ratios (:func:`attnscale.measure.ratio_interval.
 log_ratio_interval`), and as the median extra microseconds per call. Groups:
 
 * softcap forward, no autograd: the kernel module called directly (the pybind function, as the
@@ -36,7 +36,7 @@ import torch.utils.benchmark as tb
 from torch import Tensor
 
 from attnscale.core import native, native_rows
-from attnscale.measure.overhead import log_ratio_interval
+from attnscale.measure.ratio_interval import log_ratio_interval
 
 ROUNDS = 12
 

@@ -94,7 +94,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=60.0, help="seconds per ratio at most")
     parser.add_argument("--min-repeats", type=int, default=20)
     parser.add_argument("--target", type=float, default=0.02,
-                        help="stop when the interval's relative half-width is below this")
+                        help="plan the repeats for this relative half-width (from a pilot)")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     parser.add_argument("--memory-n", type=int, default=8192, help="0 skips the memory part")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from scipy import optimize, stats
 
 from attnscale.measure import overhead as O
+from attnscale.measure import ratio_interval as RI
 
 
 class FakeMachine:
@@ -49,7 +50,7 @@ def b():
 def test_interval_agrees_with_scipy(ratios, seed):
     rng = np.random.default_rng(seed)
     base = rng.uniform(0.01, 0.02, len(ratios))
-    got = O.log_ratio_interval(base * np.asarray(ratios), base)
+    got = RI.log_ratio_interval(base * np.asarray(ratios), base)
     logs = np.log(ratios)
     assert got["ratio"] == pytest.approx(stats.gmean(ratios), rel=1e-9)
     if np.ptp(logs) > 1e-12:
@@ -63,14 +64,14 @@ def test_interval_agrees_with_scipy(ratios, seed):
 
 def test_interval_level_and_bad_arguments():
     x, y = [1.1, 1.3, 1.2, 1.25], [1.0] * 4
-    narrow, wide = O.log_ratio_interval(x, y, 0.5), O.log_ratio_interval(x, y, 0.99)
+    narrow, wide = RI.log_ratio_interval(x, y, 0.5), RI.log_ratio_interval(x, y, 0.99)
     assert wide["lo"] < narrow["lo"] < narrow["ratio"] < narrow["hi"] < wide["hi"]
     with pytest.raises(ValueError, match="times"):
-        O.log_ratio_interval([1.0], [1.0])
+        RI.log_ratio_interval([1.0], [1.0])
     with pytest.raises(ValueError, match="times"):
-        O.log_ratio_interval([1.0, 0.0], [1.0, 1.0])
+        RI.log_ratio_interval([1.0, 0.0], [1.0, 1.0])
     with pytest.raises(ValueError, match="level"):
-        O.log_ratio_interval(x, y, 1.5)
+        RI.log_ratio_interval(x, y, 1.5)
 
 
 def test_stops_at_min_repeats_when_the_interval_is_already_narrow():
@@ -85,14 +86,26 @@ def test_stops_at_min_repeats_when_the_interval_is_already_narrow():
     assert est.baseline_ms == pytest.approx(1.0, rel=1e-3)
 
 
-def test_stops_at_the_target():
+def test_runs_the_repeats_its_pilot_plans():
+    """After a pilot of min_repeats, the measurement runs the count plan() gives for the pilot's
+    half-width, and no more: it never stops at a later look that happens to be narrow."""
     m = FakeMachine({a: 1.05e-3, b: 1e-3}, sigma=0.05, seed=1)
     est = O.measure_ratio(a, b, target=0.02, min_repeats=5, budget_s=1e6, timer=m.timer,
                           clock=m.clock)
-    assert est.converged and est.n > 5 and est.half_width <= 0.02
-    before = np.exp(est.log_ratios[:-1])
-    assert O.log_ratio_interval(before, np.ones_like(before))["half_width"] > 0.02
+    pilot = np.exp(est.log_ratios[:5])
+    hw = RI.log_ratio_interval(pilot, np.ones(5))["half_width"]
+    assert est.n == RI.plan(5, hw, 0.02) > 5
+    final = RI.log_ratio_interval(np.exp(est.log_ratios), np.ones(est.n))
+    assert est.half_width == pytest.approx(final["half_width"])
+    assert est.converged == (est.half_width <= 0.02)
     assert len(est.log_ratios) == est.n and "log_ratios" not in est.to_dict()
+
+
+def test_plan_scales_the_pilot_by_the_squared_width_ratio():
+    assert RI.plan(10, 0.02, 0.02) == 12  # the 20% slack
+    assert RI.plan(10, 0.04, 0.02) == math.ceil(10 * 1.2 * (math.log1p(0.04)
+                                                             / math.log1p(0.02)) ** 2)
+    assert RI.plan(10, 0.001, 0.02) == 10 and RI.plan(10, math.inf, 0.02) == RI.UNBOUNDED
 
 
 def test_budget_exhaustion_is_marked_not_converged():
@@ -108,7 +121,8 @@ def test_repeats_alternate_order_and_cancel_drift():
     m = FakeMachine({a: 1e-3, b: 1e-3}, drift=1e-3)
     est = O.measure_ratio(a, b, target=0.5, min_repeats=20, block_s=1e-3, timer=m.timer,
                           clock=m.clock)
-    timed = m.log[4:]  # after two warm-up/estimate calls of each
+    assert m.log[:4] == [b, b, a, a]  # warm-up/estimate calls, the baseline's first
+    timed = m.log[4:]
     assert timed[:8] == [a, b, b, a, a, b, b, a]
     # each block is 0.1% slower than the last: a fixed order would read ≈ 0.999
     assert abs(math.log(est.ratio)) < 2e-4

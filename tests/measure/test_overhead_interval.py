@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 
 from attnscale.measure import overhead as O
+from attnscale.measure import ratio_interval as RI
 
 RUNS = 50  # simulated measurements per coverage check
 REPEATS = 200  # repeats per measurement: blocks of 16 (√200 → even), 12 blocks
@@ -68,7 +69,7 @@ def measure(ratio: float, seed: int, **machine) -> tuple[O.RatioEstimate, dict[s
     est = O.measure_ratio(a, b, target=1e-9, min_repeats=REPEATS, max_repeats=REPEATS,
                           budget_s=1e9, block=None, timer=m.timer, clock=m.clock)
     r = np.exp(est.log_ratios)
-    return est, O.log_ratio_interval(r, np.ones_like(r))
+    return est, RI.log_ratio_interval(r, np.ones_like(r))
 
 
 def coverage(ratio: float, **machine) -> tuple[int, int]:
@@ -110,10 +111,10 @@ def test_a_real_overhead_is_resolved_under_the_same_load():
 
 def test_block_length_rule():
     """L = max(1, min(2⌈√n/2⌉, 2⌊n/10⌋)): even, about √n, at least 5 blocks, 1 below 10."""
-    assert [O.block_length(n) for n in (2, 9, 10, 19, 20, 30, 100, 200, 1000)] == [
+    assert [RI.block_length(n) for n in (2, 9, 10, 19, 20, 30, 100, 200, 1000)] == [
         1, 1, 2, 2, 4, 6, 10, 16, 32]
     for n in range(10, 3000, 37):
-        size = O.block_length(n)
+        size = RI.block_length(n)
         assert size % 2 == 0 and n // size >= 5 and size <= math.sqrt(n) + 2
 
 
@@ -124,13 +125,13 @@ def test_block_se_is_the_moving_block_bootstrap_variance():
     rng = np.random.default_rng(3)
     logs = np.convolve(rng.standard_normal(305), np.ones(6) / 6, mode="valid")  # correlated
     n, size = logs.size, 16
-    se, blocks = O.block_se(logs, size)
+    se, blocks = RI.block_se(logs, size)
     starts = rng.integers(0, n - size + 1, size=(20_000, blocks))
     idx = (starts[:, :, None] + np.arange(size)).reshape(20_000, -1)
     boot = logs[idx].mean(axis=1)
     assert blocks == n // size
     assert se == pytest.approx(boot.std(), rel=0.03)
-    t_se, _ = O.block_se(logs, 1)
+    t_se, _ = RI.block_se(logs, 1)
     assert t_se == pytest.approx(logs.std(ddof=1) / math.sqrt(n), rel=1e-12)
     assert se > 1.5 * t_se  # the correlation the per-repeat interval misses
 
@@ -140,29 +141,29 @@ def test_interval_formula_and_block_argument():
     capped at n/2 (two blocks) and a bad one is refused."""
     rng = np.random.default_rng(0)
     x = np.exp(0.1 * rng.standard_normal(120))
-    got = O.log_ratio_interval(x, np.ones_like(x), block=None)
-    se, blocks = O.block_se(np.log(x), got["block"])
+    got = RI.log_ratio_interval(x, np.ones_like(x), block=None)
+    se, blocks = RI.block_se(np.log(x), got["block"])
     t = stats.t.ppf(0.975, blocks - 1)
     m = float(np.log(x).mean())
     assert got["block"] == 12 and got["se_log"] == pytest.approx(se)
     assert math.log(got["lo"]) == pytest.approx(m - t * se)
     assert math.log(got["hi"]) == pytest.approx(m + t * se)
     assert got["half_width"] == pytest.approx(math.expm1(t * se))
-    assert O.log_ratio_interval(x[:4], np.ones(4), block=8)["block"] == 2
+    assert RI.log_ratio_interval(x[:4], np.ones(4), block=8)["block"] == 2
     with pytest.raises(ValueError, match="block"):
-        O.log_ratio_interval(x, np.ones_like(x), block=0)
+        RI.log_ratio_interval(x, np.ones_like(x), block=0)
 
 
-def test_the_overhead_study_uses_block_intervals():
-    """overhead_study asks for the automatic block length and records the method; plain
-    measure_ratio keeps the per-repeat interval (block 1) unless asked."""
+def test_the_overhead_study_uses_epoch_intervals():
+    """overhead_study measures in fresh-closure epochs of EPOCH repeats and records the method;
+    plain measure_ratio keeps the per-repeat interval (block 1) unless asked."""
     out = O.overhead_study((16,), head_dim=8, work=256, target=10.0, min_repeats=24,
-                           budget_s=30.0, block_s=1e-4, threads=1)  # stops at 24 repeats
-    assert out["settings"]["interval"] == O.INTERVAL
+                           budget_s=30.0, block_s=1e-4, threads=1)  # the pilot: 3 epochs
+    assert out["settings"]["interval"] == O.INTERVAL and out["settings"]["epoch"] == O.EPOCH
     for key in ("cosine", "floor"):
         e = out["rows"][0][key]
-        assert e["n"] == 24 and e["block"] == O.block_length(24) == 4
+        assert e["epochs"] == 3 and e["n"] == 3 * O.EPOCH and e["block"] == O.EPOCH
     m = LoadedMachine({a: 1e-3, b: 1e-3}, 0)
     est = O.measure_ratio(a, b, target=1e-9, min_repeats=40, max_repeats=40, budget_s=1e9,
                           timer=m.timer, clock=m.clock)
-    assert est.block == 1 and est.to_dict()["block"] == 1
+    assert est.block == 1 and est.to_dict()["block"] == 1 and est.epochs is None

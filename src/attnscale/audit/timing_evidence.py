@@ -4,11 +4,12 @@ claim's sentences, table and figure share (split from :mod:`attnscale.audit.clai
 to keep each module readable).
 
 A ratio r prints as a signed percentage (r − 1)·100; an interval [lo, hi] of a time ratio is
-the study's moving-block bootstrap interval (:func:`attnscale.measure.overhead.
-log_ratio_interval`). The fit overhead(N) ≈ a + b/N (:func:`attnscale.measure.overhead.
-fit_inverse_n`) is *used* only when it is weighted, has its covariance, at least
-:data:`MIN_DOF` degrees of freedom and χ² at most its 99th percentile χ²_{0.99, dof}; a fit that
-χ² rejects is reported as rejected (χ², dof, the percentile), never by its a and b.
+the study's batch-means interval over fresh-closure epochs (:func:`attnscale.measure.overhead.
+measure_fresh_ratio`; a moving-block bootstrap in older evidence). The fit overhead(N) ≈
+a + b/N (:func:`attnscale.measure.overhead.fit_inverse_n`) is *used* only when it is weighted,
+has its covariance, at least :data:`MIN_DOF` degrees of freedom and χ² at most its 99th
+percentile χ²_{0.99, dof}; a fit that χ² rejects is reported as rejected (χ², dof, the
+percentile), never by its a and b.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def ci_pct(est: Mapping[str, Any]) -> str:
 class Ratio(Model):
     """One ratio estimate (:meth:`attnscale.measure.overhead.RatioEstimate.to_dict`): the
     geometric-mean time ratio and its 95% interval over ``n`` repeats (lo/hi None below 2
-    repeats; a moving-block bootstrap with blocks of ``block`` repeats, 1 = independent
-    repeats, None in older evidence), and whether it reached its target width."""
+    repeats; batch means over ``epochs`` fresh-closure epochs of ``block`` repeats, or in older
+    evidence a moving-block bootstrap with blocks of ``block`` repeats, 1 = independent
+    repeats), and whether it reached its target width."""
 
     ratio: float
     lo: float | None = None
@@ -62,6 +64,7 @@ class Ratio(Model):
     se_log: float | None = None
     target: float | None = None
     block: int | None = None
+    epochs: int | None = None
 
     def interval(self) -> Interval:
         """The ratio as the audit's interval type (mean = ratio)."""
@@ -160,6 +163,7 @@ class Settings(Model):
     block_s: float | None = None
     level: float | None = None
     interval: str | None = None
+    epoch: int | None = None
 
 
 class Evidence(Model):

@@ -7,43 +7,38 @@ chosen so that a block lasts about ``block_s`` (15 ms by default; one call when 
 longer). A repeat is one *pair* of blocks timed back to back, with log ratio
 d_i = ln(t_A,i / t_B,i); the estimate is their geometric mean ratio = exp(m), m = mean(d_i).
 
-Its interval (:func:`log_ratio_interval`) is a moving-block bootstrap over consecutive pairs
-(Künsch 1989, Ann. Statist. 17(3); Lahiri 2003, *Resampling Methods for Dependent Data* §3):
-with block length L, b = ⌊n/L⌋ and the n − L + 1 overlapping block means
-B_j = mean(d_j, …, d_{j+L−1}),
+Its interval (:func:`attnscale.measure.ratio_interval.log_ratio_interval`) is Student's t on
+the per-repeat d_i (``block=1``), a moving-block bootstrap over consecutive repeats
+(``block=None`` or L), or batch means over epochs (:func:`measure_fresh_ratio`). Repeats are
+planned, not stopped at the first narrow interval
+(:func:`attnscale.measure.ratio_interval.plan`): a pilot of ``min_repeats`` repeats, then as
+many as its half-width says the ``target`` needs, or until ``budget_s`` seconds have passed;
+``converged`` says whether the final half-width is at most ``target``.
 
-    SE² = s_B² / b,  95% interval exp(m ± t_{0.975, b−1} · SE)
+Cache warmth: each block of a repeat follows either its own function's block (warm) or the
+other's (cold); over a repeat pair A B | B A each function has one of each. The warm-up calls
+run the baseline first, so the first timed block (``fn``) follows its own call like every
+second block after it, and neither arm has an extra cold block.
 
-(s_B² the sample variance of the B_j). SE² is the bootstrap variance of the mean of b blocks
-drawn with replacement, computed exactly (the limit of infinitely many resamples: no resampling
-noise, no seed; a test checks it against numpy resampling), and Student's t on b − 1 degrees of
-freedom allows for few blocks. Load that persists over several repeats makes neighbouring d_i
-alike; a block holds such a stretch whole, so it widens the interval instead of passing for
-precision. L = 1 is the per-repeat Student-t interval exp(m ± t_{0.975, n−1} · s/√n), which
-assumes independent repeats: :func:`measure_ratio` uses it unless given ``block``;
-:func:`overhead_study` (C5) passes ``block=None``, the automatic length of :func:`block_length`,
-L = max(1, min(2⌈√n/2⌉, 2⌊n/10⌋)): about √n, even, so that every block holds as many A-first as
-B-first repeats (in a 45 s noise-floor run at N = 2048 on this project's loaded 2-core machine
-the first block of a repeat ran about 1.5% faster than the second, which the alternation
-cancels), and at most n/5, so that b ≥ 5. Drift that slows both arms alike cancels in d_i
-already; what the blocks add is load that favours one arm for a while (one closure's buffers
-evicted more than the other's). Under such load (a fake timer, AR(1) with ρ = 0.7 per arm;
-tests/measure/test_overhead_interval.py) the per-repeat interval on identical work held 1 in 26
-of 50 simulated runs of 200 repeats, the block interval (L = 16) in 48; with load shared by both
-arms, 46 and 48.
+:func:`measure_fresh_ratio` runs the same repeats in *epochs*: each epoch makes fresh closures
+of both functions (new buffers at new addresses), warms them up (baseline, then ``fn``) and
+times ``epoch`` repeats; its interval treats the epoch means as the replicates (batch means, a
+non-overlapping block bootstrap with blocks = epochs: SE² = s_E²/E on E − 1 degrees of
+freedom), so that whatever a pair of closures carries through a whole measurement (where
+their buffers landed) varies between epochs and widens the interval. With one pair of closures
+for the whole measurement, C5's floor at N = 256 once read +4.6% [+3.6%, +5.6%] over 100
+repeats; over 90 fresh-epoch floor measurements at N = 256 to 2048 on this project's 2-core
+machine, the interval excluded 1 in 3 (docs/claims.md, C5).
 
-Repeats continue until the interval's relative half-width
-max(hi/ratio − 1, 1 − lo/ratio) = e^{t·SE} − 1 is at most ``target`` with at least
-``min_repeats`` repeats, or until ``budget_s`` seconds have passed (then ``converged`` is
-False). Checking the interval after every repeat is a form of optional stopping;
-``min_repeats`` ≥ 30 keeps the resulting under-coverage small.
-
-:func:`overhead_study` applies it to the thread's claim that cosine similarity adds computational
-overhead (C5): forward+backward of :func:`attnscale.attention` with ``score="cosine"`` (τ from
-the score's bench parameters) against ``score="scaled_dot"``, both on the fused SDPA path,
-float32, D = 64, non-causal, at several sequence lengths N. Per-call work is kept comparable
-across N with B·H = max(1, round(work / N²)). At each N a *noise floor* row times scaled_dot
-against scaled_dot (identical work, separate tensors and closures) by the same procedure.
+:func:`overhead_study` applies it to the thread's claim that cosine similarity adds
+computational overhead (C5) with :func:`measure_fresh_ratio`: forward+backward of
+:func:`attnscale.attention` with ``score="cosine"`` (τ from the score's bench parameters)
+against ``score="scaled_dot"``, both on the fused SDPA path, float32, D = 64, non-causal, at
+several sequence lengths N. Per-call work is kept comparable across N with B·H = max(1,
+round(work / N²)). At each N a *noise floor* row times scaled_dot against scaled_dot (identical
+work, separate tensors and closures) by the same procedure. Each epoch's closures copy (q, k, v)
+after a spacer of random size (0–64 KiB in 64-byte steps, drawn from ``seed``), so their buffers
+start at varied offsets.
 
 Cosine normalizes q and k, O(N·d) work, against O(N²·d) for attention itself (Henry et al.
 2020, arXiv 2010.04245), so the overhead should fall like 1/N; :func:`fit_inverse_n` fits
@@ -66,40 +61,42 @@ Evidence dict returned by :func:`overhead_study` (JSON-ready; read by
      "fit": {"a", "b", "a_se", "b_se", "cov_ab", "chi2", "dof", "weighted", "points"} or None
             (fewer than 2 N),
      "settings": {"head_dim", "dtype", "causal", "pass", "tau", "work", "target",
-                  "min_repeats", "budget_s", "block_s", "level", "interval"},
+                  "min_repeats", "budget_s", "block_s", "level", "interval", "epoch"},
      "threads": int, "versions": {...}, "seconds": float}
 
 with ``RatioEstimate.to_dict()`` = {"ratio", "lo", "hi", "n", "converged", "seconds", "ms",
-"baseline_ms", "number", "half_width", "se_log", "target", "block"} (lo/hi None below 2
-repeats; "block" the block length L of the interval, 1 for the per-repeat interval).
+"baseline_ms", "number", "half_width", "se_log", "target", "block", "epochs"} (lo/hi None
+below 2 repeats; "block" the block length of the interval in repeats, 1 for the per-repeat
+interval; "epochs" the number of fresh-closure epochs, None for one pair of closures).
 """
 
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import scipy  # its submodules load on first use (scipy.stats alone takes ~2 s to import)
 import torch
 
 from attnscale.core.attention import attention
 from attnscale.core.scores import get_score
+from attnscale.measure.ratio_interval import log_ratio_interval, plan
 from attnscale.util.provenance import versions
 from attnscale.util.validate import check_float, check_int
 
 BlockTimer = Callable[[Callable[[], object], int], float]
 
-STANDARD: dict[str, Any] = {"n_values": (256, 1024, 4096), "target": 0.02, "min_repeats": 30,
+STANDARD: dict[str, Any] = {"n_values": (256, 1024, 4096), "target": 0.02, "min_repeats": 80,
                             "budget_s": 40.0}
-QUICK: dict[str, Any] = {"n_values": (256,), "target": 0.1, "min_repeats": 5, "budget_s": 5.0}
-# how overhead_study's intervals are made (in its settings): moving blocks, automatic length
-INTERVAL = "moving-block bootstrap"
+QUICK: dict[str, Any] = {"n_values": (256,), "target": 0.1, "min_repeats": 40, "budget_s": 5.0}
+EPOCH = 10  # repeats per fresh-closure epoch: about 0.3-0.6 s at the study's shapes
+# how overhead_study's intervals are made (in its settings and C5's cache key)
+INTERVAL = f"batch means over epochs of {EPOCH} repeats with fresh closures, planned length"
 
 
 def time_block(fn: Callable[[], object], number: int) -> float:
@@ -116,7 +113,8 @@ class RatioEstimate:
     (:func:`log_ratio_interval`: moving blocks of ``block`` repeats, 1 = per-repeat t).
 
     ``ms`` and ``baseline_ms`` are the medians of the per-call times over repeats;
-    ``half_width`` = e^{t·SE} − 1 (the larger relative side of the interval); ``log_ratios``
+    ``half_width`` = e^{t·SE} − 1 (the larger relative side of the interval); ``epochs`` the
+    fresh-closure epochs (:func:`measure_fresh_ratio`; None: one pair of closures); ``log_ratios``
     are the per-repeat ln r_i (kept for checks, left out of :meth:`to_dict`)."""
 
     ratio: float
@@ -132,62 +130,11 @@ class RatioEstimate:
     se_log: float | None
     target: float
     block: int = 1
+    epochs: int | None = None
     log_ratios: list[float] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "log_ratios"}
-
-
-def block_length(n: int) -> int:
-    """The automatic block length for ``n`` repeats: L = max(1, min(2⌈√n/2⌉, 2⌊n/10⌋)), about
-    √n, even (as many A-first as B-first repeats in a block) and at most n/5 (≥ 5 blocks); 1
-    (independent repeats) below 10 repeats."""
-    return max(1, min(2 * math.ceil(math.sqrt(n) / 2), 2 * (n // 10)))
-
-
-@lru_cache(maxsize=4096)
-def _t_quantile(q: float, dof: int) -> float:
-    return float(scipy.stats.t.ppf(q, dof))
-
-
-def block_se(logs: np.ndarray, block: int) -> tuple[float, int]:
-    """(SE, b): the moving-block bootstrap standard error of mean(``logs``) with blocks of
-    ``block`` consecutive values, SE² = s_B²/b (s_B² the sample variance of the n − L + 1
-    overlapping block means, b = ⌊n/L⌋ blocks; Künsch 1989), and b. L = 1 gives s/√n."""
-    n = logs.size
-    sums = np.concatenate(([0.0], np.cumsum(logs)))
-    means = (sums[block:] - sums[:-block]) / block
-    b = n // block
-    var = float(means.var(ddof=1)) if means.size > 1 else 0.0
-    return math.sqrt(max(var, 0.0) / b), b
-
-
-def log_ratio_interval(
-    times: Iterable[float], baseline_times: Iterable[float], level: float = 0.95,
-    block: int | None = 1,
-) -> dict[str, float]:
-    """Geometric-mean ratio of paired times and its moving-block bootstrap interval over
-    consecutive pairs (see the module docstring): ratio = exp(m), m = mean ln(a_i/b_i),
-    [lo, hi] = exp(m ± t_{(1+level)/2, b−1} · SE) with SE from :func:`block_se`.
-
-    ``block`` is L (1: the per-repeat Student-t interval; None: :func:`block_length`; at most
-    n/2, so that there are two blocks). Returns {"ratio", "lo", "hi", "se_log", "half_width",
-    "block"} with half_width = e^{t·SE} − 1."""
-    level = check_float("level", level, low=0.0, high=1.0)
-    a, b = np.asarray(list(times), dtype=float), np.asarray(list(baseline_times), dtype=float)
-    if a.shape != b.shape or a.size < 2:
-        raise ValueError(f"times: need two equal-length sequences of >= 2 values; got "
-                         f"{a.size} and {b.size}")
-    if (a <= 0).any() or (b <= 0).any():
-        raise ValueError("times: every time must be > 0")
-    logs = np.log(a / b)
-    size = block_length(logs.size) if block is None else check_int("block", block)
-    size = min(size, logs.size // 2)
-    m = float(logs.mean())
-    se, blocks = block_se(logs, size)
-    t = _t_quantile((1 + level) / 2, blocks - 1)
-    return {"ratio": math.exp(m), "lo": math.exp(m - t * se), "hi": math.exp(m + t * se),
-            "se_log": se, "half_width": math.expm1(t * se), "block": size}
 
 
 def calibrate_number(
@@ -195,12 +142,38 @@ def calibrate_number(
     timer: BlockTimer = time_block,
 ) -> int:
     """Calls per block so one block of the slower function lasts about ``block_s`` (≥ 1).
-    Each function runs twice first (warm-up; the second call is the estimate)."""
+    Each function runs twice first (warm-up; the second call is the estimate), the baseline
+    first: the first timed block, ``fn``'s, then follows its own call (module docstring)."""
     per_call = []
-    for f in (fn, baseline):
+    for f in (baseline, fn):
         timer(f, 1)  # warm-up: first-call allocations and kernel selection
         per_call.append(timer(f, 1))
     return max(1, round(block_s / max(max(per_call), 1e-9)))
+
+
+def time_repeat(fn: Callable[[], object], baseline: Callable[[], object], number: int,
+                a_first: bool, timer: BlockTimer) -> tuple[float, float]:
+    """(t_fn, t_baseline) of one repeat: a block of each, ``fn`` first or second."""
+    if a_first:
+        t_a = timer(fn, number)
+        return t_a, timer(baseline, number)
+    t_b = timer(baseline, number)
+    return timer(fn, number), t_b
+
+
+def ratio_estimate(est: dict[str, float], a_times: list[float], b_times: list[float],
+                   number: int, target: float, seconds: float,
+                   epochs: int | None = None) -> RatioEstimate:
+    """The :class:`RatioEstimate` of timed blocks and their interval ``est``
+    (:func:`log_ratio_interval`)."""
+    return RatioEstimate(
+        ratio=est["ratio"], lo=est["lo"], hi=est["hi"], n=len(a_times),
+        converged=est["half_width"] <= target, seconds=seconds,
+        ms=statistics.median(a_times) / number * 1e3,
+        baseline_ms=statistics.median(b_times) / number * 1e3,
+        number=number, half_width=est["half_width"], se_log=est["se_log"], target=target,
+        block=int(est["block"]), epochs=epochs,
+        log_ratios=[math.log(x / y) for x, y in zip(a_times, b_times, strict=True)])
 
 
 def measure_ratio(
@@ -217,9 +190,9 @@ def measure_ratio(
     timer: BlockTimer = time_block,
     clock: Callable[[], float] = time.perf_counter,
 ) -> RatioEstimate:
-    """time(fn) / time(baseline) in interleaved repeats until the interval's relative
-    half-width is ≤ ``target`` (with ≥ ``min_repeats`` repeats) or ``budget_s`` is spent
-    (see the module docstring). ``block`` is the interval's block length
+    """time(fn) / time(baseline) in interleaved repeats: a pilot of ``min_repeats``, then as many
+    as :func:`plan` says a half-width of ``target`` needs (at most ``max_repeats``), or until
+    ``budget_s`` is spent (see the module docstring). ``block`` is the interval's block length
     (:func:`log_ratio_interval`: 1 per-repeat, None automatic). ``timer(f, number)`` returns
     the seconds of one block and ``clock`` measures the budget; both are injectable for
     tests. At least 2 repeats run."""
@@ -232,31 +205,76 @@ def measure_ratio(
     number = calibrate_number(fn, baseline, block_s, timer)
     a_times: list[float] = []
     b_times: list[float] = []
-    est, converged = None, False
+    goal = min_repeats
     while True:
-        if len(a_times) % 2 == 0:  # A B, then B A: drift cancels over each pair of repeats
-            a_times.append(timer(fn, number))
-            b_times.append(timer(baseline, number))
-        else:
-            b_times.append(timer(baseline, number))
-            a_times.append(timer(fn, number))
+        t_a, t_b = time_repeat(fn, baseline, number, len(a_times) % 2 == 0, timer)
+        a_times.append(t_a)
+        b_times.append(t_b)
         n = len(a_times)
-        if n < 2:
-            continue
-        est = log_ratio_interval(a_times, b_times, level, block)
-        if n >= min_repeats and est["half_width"] <= target:
-            converged = True
+        if n == min_repeats:  # the pilot: plan the rest once, never stop on a narrow look
+            pilot = log_ratio_interval(a_times, b_times, level, block)
+            goal = min(max_repeats, plan(n, pilot["half_width"], target))
+        if n >= 2 and (n >= goal or clock() - start >= budget_s):
             break
-        if clock() - start >= budget_s or n >= max_repeats:
+    est = log_ratio_interval(a_times, b_times, level, block)
+    return ratio_estimate(est, a_times, b_times, number, target, clock() - start)
+
+
+def pilot_epochs(min_repeats: int, epoch: int = EPOCH) -> int:
+    """Epochs in :func:`measure_fresh_ratio`'s pilot: max(2, ⌈min_repeats / epoch⌉)."""
+    return max(2, math.ceil(min_repeats / epoch))
+
+
+def measure_fresh_ratio(
+    make_fn: Callable[[], Callable[[], object]],
+    make_baseline: Callable[[], Callable[[], object]],
+    *,
+    epoch: int = EPOCH,
+    target: float = 0.02,
+    min_repeats: int = 80,
+    max_repeats: int = 100_000,
+    budget_s: float = 40.0,
+    block_s: float = 0.015,
+    level: float = 0.95,
+    timer: BlockTimer = time_block,
+    clock: Callable[[], float] = time.perf_counter,
+) -> RatioEstimate:
+    """time(fn) / time(baseline) over epochs of fresh closures (module docstring): each epoch
+    calls ``make_baseline()`` and ``make_fn()``, runs each once untimed (baseline first) and
+    times ``epoch`` interleaved repeats (even: as many fn-first as baseline-first). The
+    interval is batch means over epochs; a pilot of max(2, ⌈min_repeats / epoch⌉) epochs, then
+    :func:`plan`'s count, capped by ``max_repeats`` and ``budget_s``."""
+    epoch = check_int("epoch", epoch, minimum=2)
+    if epoch % 2:
+        raise ValueError(f"epoch must be even (as many fn-first as baseline-first repeats); "
+                         f"got {epoch}")
+    target = check_float("target", target, low=0.0)
+    min_repeats = check_int("min_repeats", min_repeats, minimum=2)
+    max_epochs = max(2, check_int("max_repeats", max_repeats, minimum=min_repeats) // epoch)
+    budget_s = check_float("budget_s", budget_s, low=0.0)
+    block_s = check_float("block_s", block_s, low=0.0)
+    start = clock()
+    number = calibrate_number(make_fn(), make_baseline(), block_s, timer)
+    a_times: list[float] = []
+    b_times: list[float] = []
+    pilot = min(max_epochs, pilot_epochs(min_repeats, epoch))
+    goal = pilot
+    while True:
+        baseline, fn = make_baseline(), make_fn()
+        timer(baseline, 1)  # warm-up, baseline first: fn's first timed block follows its own call
+        timer(fn, 1)
+        for i in range(epoch):
+            t_a, t_b = time_repeat(fn, baseline, number, i % 2 == 0, timer)
+            a_times.append(t_a)
+            b_times.append(t_b)
+        done = len(a_times) // epoch
+        if done == pilot:
+            est = log_ratio_interval(a_times, b_times, level, epoch, overlap=False)
+            goal = min(max_epochs, plan(done, est["half_width"], target))
+        if done >= goal or (done >= 2 and clock() - start >= budget_s):
             break
-    return RatioEstimate(
-        ratio=est["ratio"], lo=est["lo"], hi=est["hi"], n=len(a_times), converged=converged,
-        seconds=clock() - start,
-        ms=statistics.median(a_times) / number * 1e3,
-        baseline_ms=statistics.median(b_times) / number * 1e3,
-        number=number, half_width=est["half_width"], se_log=est["se_log"], target=target,
-        block=est["block"],
-        log_ratios=[math.log(x / y) for x, y in zip(a_times, b_times, strict=True)])
+    est = log_ratio_interval(a_times, b_times, level, epoch, overlap=False)
+    return ratio_estimate(est, a_times, b_times, number, target, clock() - start, done)
 
 
 def fit_inverse_n(
@@ -303,18 +321,29 @@ def batch_heads(n: int, work: int) -> tuple[int, int]:
 
 
 def fwdbwd_call(
-    score: str, inputs: tuple[torch.Tensor, ...], params: dict[str, float]
+    score: str, inputs: tuple[torch.Tensor, ...], params: dict[str, float], spacer: int = 0
 ) -> Callable[[], None]:
-    """A forward+backward closure of ``attention`` on its own copies of (q, k, v)."""
-    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    """A forward+backward closure of ``attention`` on its own copies of (q, k, v), made after
+    a ``spacer``-element float32 tensor that the closure keeps (so its copies start elsewhere)."""
+    pad = torch.empty(check_int("spacer", spacer, minimum=0))
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]  # (B, H, N, D) each
 
-    def call() -> None:
+    def call(_spacer: torch.Tensor = pad) -> None:  # the default keeps the spacer alive
         for t in leaves:
             t.grad = None
         out = attention(*leaves, score=score, **params)
         out.backward(torch.ones_like(out))
 
     return call
+
+
+def fresh_calls(
+    score: str, inputs: tuple[torch.Tensor, ...], params: dict[str, float],
+    rng: random.Random,
+) -> Callable[[], Callable[[], None]]:
+    """A factory of :func:`fwdbwd_call` closures, each after a spacer of random size (0 to
+    64 KiB in 64-byte steps, drawn from ``rng``), for :func:`measure_fresh_ratio`."""
+    return lambda: fwdbwd_call(score, inputs, params, spacer=16 * rng.randrange(1024))
 
 
 def overhead_study(
@@ -331,10 +360,10 @@ def overhead_study(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """C5: cosine / scaled_dot and scaled_dot / scaled_dot forward+backward time at each N
-    (see the module docstring for the procedure and the returned dict). ``budget_s`` is per
-    measurement; ``threads`` sets torch's thread count for the study (default: leave it).
-    ``QUICK`` holds a cheap setting: ``overhead_study(**QUICK)``."""
+    """C5: cosine / scaled_dot and scaled_dot / scaled_dot forward+backward time at each N, each
+    by :func:`measure_fresh_ratio` (see the module docstring for the procedure and the returned
+    dict). ``budget_s`` is per measurement; ``threads`` sets torch's thread count for the study
+    (default: leave it). ``QUICK`` holds a cheap setting: ``overhead_study(**QUICK)``."""
     ns = [check_int("n_values", n, minimum=1) for n in n_values]
     head_dim = check_int("head_dim", head_dim)
     work = check_int("work", work)
@@ -344,20 +373,19 @@ def overhead_study(
     cosine = dict(get_score("cosine").bench_params)  # not bench.bench_params: bench imports us
     opts = {"target": target, "min_repeats": min_repeats, "budget_s": budget_s,
             "block_s": block_s, "level": level}
-    honest = {**opts, "block": None}  # moving blocks: load that persists is in the interval
-    start, rows = time.perf_counter(), []
+    start, rows, rng = time.perf_counter(), [], random.Random(seed)
     try:
         g = torch.Generator().manual_seed(seed)
         for n in ns:
             b, h = batch_heads(n, work)
             inputs = tuple(torch.randn(b, h, n, head_dim, generator=g) for _ in range(3))
-            base = fwdbwd_call("scaled_dot", inputs, {})
+            base = fresh_calls("scaled_dot", inputs, {}, rng)
             if progress:
                 progress(f"cosine vs scaled_dot n={n} B={b} H={h}")
-            cos = measure_ratio(fwdbwd_call("cosine", inputs, cosine), base, **honest)
+            cos = measure_fresh_ratio(fresh_calls("cosine", inputs, cosine, rng), base, **opts)
             if progress:
                 progress(f"noise floor n={n}")
-            floor = measure_ratio(fwdbwd_call("scaled_dot", inputs, {}), base, **honest)
+            floor = measure_fresh_ratio(fresh_calls("scaled_dot", inputs, {}, rng), base, **opts)
             rows.append({"n": n, "batch": b, "heads": h, "cosine": cos.to_dict(),
                          "floor": floor.to_dict()})
         used = torch.get_num_threads()
@@ -367,6 +395,6 @@ def overhead_study(
                         [r["cosine"]["ratio"] * (r["cosine"]["se_log"] or 0.0) for r in rows])
     settings = {"head_dim": head_dim, "dtype": "float32", "causal": False,
                 "pass": "forward+backward", "tau": cosine.get("tau"), "work": work, **opts,
-                "interval": INTERVAL}
+                "interval": INTERVAL, "epoch": EPOCH}
     return {"rows": rows, "fit": fit, "settings": settings, "threads": used,
             "versions": versions(), "seconds": time.perf_counter() - start}

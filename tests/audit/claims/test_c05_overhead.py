@@ -203,8 +203,9 @@ def test_the_measured_dict_validates_and_keeps_its_numbers():
     assert ev["fit"]["dof"] == 0 and v.numbers["fit"] == {  # two N: an exact, untested fit
         "status": "untested", "chi2": ev["fit"]["chi2"], "dof": 0, "chi2_99": None,
         "points": 2}
-    assert ev["settings"]["interval"] == "moving-block bootstrap"
-    assert typed.rows[0].cosine.block == ev["rows"][0]["cosine"]["block"] >= 1
+    assert ev["settings"]["interval"] == O.INTERVAL and ev["settings"]["epoch"] == O.EPOCH
+    assert typed.rows[0].cosine.block == ev["rows"][0]["cosine"]["block"] == O.EPOCH
+    assert typed.rows[0].floor.epochs == ev["rows"][0]["floor"]["epochs"] >= 2
     assert v.numbers["by_n"]["16"]["ratio"] == ev["rows"][0]["cosine"]["ratio"]
     iv = typed.rows[0].cosine.interval()
     assert isinstance(iv, Interval) and iv.mean == ev["rows"][0]["cosine"]["ratio"]
@@ -223,11 +224,11 @@ def test_gather_scale_and_measurement():
     p = PRESETS["tiny"]
     src = Sources(preset=p, studies={}, runs={}, measured={"bench": evidence([1.1])})
     assert M.CLAIM.gather(src) is src.measured["bench"]
-    assert M.CLAIM.scale(p) == ("one CPU thread, N = 64, ≥ 3 interleaved repeats; other "
-                                "hardware differs")
+    assert M.CLAIM.scale(p) == ("one CPU thread, N = 64, a pilot of 2 epochs of 10 "
+                                "interleaved repeats; other hardware differs")
     (m,) = M.CLAIM.measurements
     # the interval method is in the key: a study cached with per-repeat intervals is not reused
-    assert m.kind == "bench" and m.params(p) == {**p.bench, "interval": "moving-block bootstrap"}
+    assert m.kind == "bench" and m.params(p) == {**p.bench, "interval": O.INTERVAL}
     assert M.CLAIM.studies == ()
 
 
@@ -306,20 +307,20 @@ def entry_of(ev):
 
 def test_the_timing_table_is_the_claims_own_panel():
     """One panel from the entry's evidence: two rows per N (cosine, then the floor) with the
-    ratio, interval, repeats and block length; its note says how intervals are made and why the
+    ratio, interval, repeats and epochs; its note says how intervals are made and why the
     fit is not read."""
     ev = evidence(RISING)
-    ev["rows"][0]["cosine"] |= {"block": 16, "converged": False}
+    ev["rows"][0]["cosine"] |= {"block": 10, "epochs": 3, "converged": False}
     (panel,) = M.CLAIM.panels(entry_of(ev))
     assert isinstance(panel, Panel) and panel.title.startswith("Speed: cosine against scaled")
-    assert panel.columns == ("N", "comparison", "time ratio", "95% interval", "repeats", "block")
+    assert panel.columns == ("N", "comparison", "time ratio", "95% interval", "repeats", "epochs")
     assert len(panel.rows) == 10 and all(len(r) == 6 for r in panel.rows)
     lo, hi = ev["rows"][0]["cosine"]["lo"], ev["rows"][0]["cosine"]["hi"]
     assert panel.rows[0] == ("256", "cosine / scaled_dot", "1.040", f"[{lo:.3f}, {hi:.3f}]",
-                             "30 (budget)", "16")
+                             "30 (budget)", "3")
     assert panel.rows[1][:3] == ("256", "scaled_dot / itself", "1.000")
-    assert panel.rows[1][5] == "—"  # evidence without a block length says so
-    assert "moving-block bootstrap" in panel.note and "is rejected (χ² = 13.2 on 3 dof" in \
+    assert panel.rows[1][5] == "—"  # evidence without epochs says so
+    assert "batch means over the epochs" in panel.note and "is rejected (χ² = 13.2 on 3 dof" in \
         panel.note
     assert M.CLAIM.panels({"evidence": {}}) == []
 

@@ -4,9 +4,10 @@ Henry et al. 2020, arXiv 2010.04245).
 Decided from the overhead study (:func:`attnscale.measure.overhead.overhead_study`, its format
 documented there): per sequence length N, the forward+backward time ratio cosine / scaled_dot on
 the same fused kernel with its 95% interval, and the noise floor scaled_dot / scaled_dot
-measured the same way. Both intervals are moving-block bootstraps over consecutive repeats
-(blocks of about √n repeats: :func:`attnscale.measure.overhead.log_ratio_interval`), so load
-that persists over repeats widens them instead of passing for precision.
+measured the same way. Both are measured in epochs of fresh closures (new buffers every 10
+repeats: :func:`attnscale.measure.overhead.measure_fresh_ratio`) with batch-means intervals over
+the epochs, their length planned from a pilot rather than stopped at the first narrow
+interval, so neither where a closure's buffers landed nor a lucky look passes for precision.
 
 The smallest overhead treated as real is δ = max(2%, worst floor deviation), the floor's
 deviation at one N being |r_floor − 1| + its interval's larger half-width: identical work
@@ -16,7 +17,7 @@ fall like 1/N, and the rule reads the weighted fit overhead(N) ≈ a + b/N rathe
 alone: at each N measured, the fitted overhead with its 95% band (normal, from the fit's
 covariance, widened by the Birge ratio √(χ²/dof) when the points scatter more than their
 errors say). The fit pools every N, so one noisy repeat series cannot flip the verdict; the
-standard preset stops each measurement at a half-width of 1%, half the smallest δ (a target
+standard preset plans each measurement for a half-width of 1%, half the smallest δ (a target
 equal to δ let a true 1–1.5% overhead read absent in one run and undecided in the next).
 Where the fitted overhead crosses δ, N* = b/(δ − a) says from which length on it is below what
 counts. A fit the rule does not read (χ² above its 99th percentile, or too few N to test it) is
@@ -59,10 +60,10 @@ MAX_DELTA = 0.10  # a floor noisier than this cannot show that an overhead is ab
 SMALL = 0.10  # overheads under 10% are called small
 
 RULE = ("From the overhead study: forward+backward time of cosine / scaled_dot on the same "
-        "fused kernel, measured in interleaved repeats until the 95% interval of the "
-        "geometric-mean ratio (a moving-block bootstrap over consecutive repeats) reaches the "
-        "stopping target (±1% in the standard preset, half "
-        "of the smallest δ) or a time budget runs out, at each N, beside a noise floor "
+        "fused kernel, measured in interleaved repeats in epochs of fresh closures, as many "
+        "epochs as a pilot says the 95% interval of the geometric-mean ratio (batch means "
+        "over epochs) needs to reach the target (±1% in the standard preset, half "
+        "of the smallest δ) or until a time budget runs out, at each N, beside a noise floor "
         "(scaled_dot / scaled_dot, same procedure). Margin δ = max(2%, the floor's worst "
         "|ratio − 1| plus half-width). The overhead at each N is read from the weighted fit "
         "a + b/N over every N (95% band from its covariance, widened by the Birge ratio when "
@@ -298,13 +299,13 @@ def gather(src: Sources) -> dict[str, Any]:
     return src.measured["bench"]
 
 
-COLUMNS = ("N", "comparison", "time ratio", "95% interval", "repeats", "block")
+COLUMNS = ("N", "comparison", "time ratio", "95% interval", "repeats", "epochs")
 
 
 def panel_rows(rows: list[Mapping[str, Any]]) -> tuple[tuple[str, ...], ...]:
     """Two table rows per N (cosine / scaled_dot, then the noise floor): the ratio, its
     interval, the repeats ("budget" where the time budget ended them before the target width)
-    and the interval's block length in repeats ("—" in older evidence)."""
+    and the fresh-closure epochs they ran in ("—" in older evidence)."""
     out = []
     for r in sorted(rows, key=lambda r: r["n"]):
         for key, name in (("cosine", "cosine / scaled_dot"), ("floor", "scaled_dot / itself")):
@@ -313,7 +314,7 @@ def panel_rows(rows: list[Mapping[str, Any]]) -> tuple[tuple[str, ...], ...]:
                     else "—")
             repeats = f"{e['n']}{'' if e['converged'] else ' (budget)'}"
             out.append((str(r["n"]), name, f"{e['ratio']:.3f}", span, repeats,
-                        str(e.get("block") or "—")))
+                        str(e.get("epochs") or "—")))
     return tuple(out)
 
 
@@ -327,9 +328,10 @@ def panels(entry: Entry) -> list[Panel]:
     unread = unread_text(fit)
     reading = fit_text(fit) or (f"{unread}, so each N is read as measured" if unread
                                 else "no fit a + b/N (fewer than 2 N)")
-    note = ("Forward+backward time on CPU, geometric mean over interleaved repeats; 95% "
-            "intervals from a moving-block bootstrap over consecutive repeats (block: its "
-            "length in repeats, 1 = repeats taken as independent). The noise floor times "
+    note = ("Forward+backward time on CPU, geometric mean over interleaved repeats in epochs "
+            "of fresh closures (new buffers every 10 repeats); 95% intervals are batch means "
+            "over the epochs, as many as a pilot said the target width needs. The noise floor "
+            "times "
             f"scaled_dot against itself the same way. {reading[0].upper()}{reading[1:]}.")
     return [Panel("Speed: cosine against scaled dot product", COLUMNS,
                   panel_rows(ev["rows"]), note)]
@@ -350,10 +352,11 @@ def says_alternatives(entry: Entry) -> list[str]:
 
 
 def scale(p: Preset) -> str:
-    """One CPU thread, the N measured and the least number of repeats."""
+    """One CPU thread, the N measured and the pilot's epochs."""
     bench = p.bench
-    return (f"one CPU thread, N = {', '.join(map(str, bench['n_values']))}, ≥ "
-            f"{bench['min_repeats']} interleaved repeats; other hardware differs")
+    return (f"one CPU thread, N = {', '.join(map(str, bench['n_values']))}, a pilot of "
+            f"{overhead.pilot_epochs(bench['min_repeats'])} epochs of {overhead.EPOCH} "
+            f"interleaved repeats; other hardware differs")
 
 
 CLAIM = register(Claim(
