@@ -110,7 +110,8 @@ def time_block(fn: Callable[[], object], number: int) -> float:
 @dataclass
 class RatioEstimate:
     """Geometric-mean ratio time(fn) / time(baseline) with its interval
-    (:func:`log_ratio_interval`: moving blocks of ``block`` repeats, 1 = per-repeat t).
+    (:func:`log_ratio_interval`: blocks of ``block`` repeats, 1 = per-repeat t; with
+    ``epochs``, the blocks are the epochs).
 
     ``ms`` and ``baseline_ms`` are the medians of the per-call times over repeats;
     ``half_width`` = e^{t·SE} − 1 (the larger relative side of the interval); ``epochs`` the
