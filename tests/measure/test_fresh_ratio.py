@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from attnscale.measure import overhead as O
 from attnscale.measure import ratio_interval as RI
@@ -105,22 +106,56 @@ def test_a_real_overhead_is_resolved_across_fresh_closures():
 
 def test_the_epochs_follow_the_pilot_plan():
     """A pilot of ⌈min_repeats / epoch⌉ epochs, then plan()'s count from its batch-means
-    half-width; the interval is batch means over every epoch."""
+    half-width; the interval is Stein's over batch means: the pilot's epoch-mean SE scaled to
+    the epochs run (or the whole run's, if larger), t on the pilot's epochs − 1."""
     m = Machine({}, 4, sigma=0.05)
     est = fresh(m, ratio=1.05, target=0.01, min_repeats=40, max_repeats=100_000)
     logs = np.asarray(est.log_ratios)
     pilot = RI.log_ratio_interval(np.exp(logs[:40]), np.ones(40), block=10, overlap=False)
-    assert est.epochs == RI.plan(4, pilot["half_width"], 0.01) > 4
+    assert est.epochs == RI.plan(4, pilot["half_width"], 0.01) > 4 and est.stopped == "plan"
     assert est.n == 10 * est.epochs and est.block == 10
     means = logs.reshape(est.epochs, 10).mean(axis=1)
-    assert est.se_log == pytest.approx(means.std(ddof=1) / math.sqrt(est.epochs), rel=1e-9)
+    se = max(means.std(ddof=1) / math.sqrt(est.epochs),
+             means[:4].std(ddof=1) / math.sqrt(4) * math.sqrt(4 / est.epochs))
+    assert est.se_log == pytest.approx(se, rel=1e-9)
+    assert est.half_width == pytest.approx(math.expm1(stats.t.ppf(0.975, 3) * se), rel=1e-9)
     assert est.converged == (est.half_width <= 0.01)
 
 
+def test_the_timer_calls_of_two_epochs():
+    """Each epoch: fresh closures, the baseline's warm-up call, then fn's, then fn-first and
+    baseline-first repeats in turn; so at each epoch's start fn's first timed block follows
+    its own call."""
+    log = []
+
+    def timer(fn, number):
+        log.append((fn.tag, number))
+        return 1e-3 * number
+
+    O.measure_fresh_ratio(lambda: Closure("a"), lambda: Closure("b"), epoch=4, min_repeats=8,
+                          max_repeats=8, target=1.0, block_s=2e-3, timer=timer,
+                          clock=lambda: 0.0)
+    calls = [tag if number == 2 else tag.upper() for tag, number in log]
+    epoch = ["B", "A", "a", "b", "b", "a", "a", "b", "b", "a"]
+    assert calls == ["B", "B", "A", "A", *epoch, *epoch]  # calibration, then two epochs
+
+
 def test_budget_ends_the_plan_after_two_epochs_at_least():
-    m = Machine({}, 5, sigma=0.5)
-    est = fresh(m, target=1e-3, min_repeats=20, max_repeats=100_000, budget_s=1e-6)
-    assert est.epochs == 2 and est.n == 20 and not est.converged
+    """A budget spent during a pilot of 8 epochs ends it after the second; after the pilot it
+    ends the plan; either way the interval is over whole epochs."""
+    est = fresh(Machine({}, 5, sigma=0.5), target=1e-3, min_repeats=80, max_repeats=100_000,
+                budget_s=1e-6)
+    assert est.epochs == 2 and est.n == 20 and not est.converged and est.stopped == "budget"
+    est = fresh(Machine({}, 5, sigma=0.5), target=1e-3, min_repeats=20, max_repeats=100_000,
+                budget_s=1.0)  # an epoch takes about 0.3 s here
+    assert est.epochs > 2 and est.n == 10 * est.epochs and est.stopped == "budget"
+
+
+def test_max_repeats_caps_the_epochs():
+    est = fresh(Machine({}, 6, sigma=0.5), target=1e-3, min_repeats=20, max_repeats=45)
+    assert est.epochs == 4 and est.n == 40 and est.stopped == "cap"
+    est = fresh(Machine({}, 6, sigma=0.5), target=1e-3, min_repeats=20, max_repeats=20)
+    assert est.epochs == 2 and est.stopped == "cap"
 
 
 def test_batch_means_are_disjoint_blocks():
@@ -131,13 +166,17 @@ def test_batch_means_are_disjoint_blocks():
     assert blocks == 6 and se == pytest.approx(means.std(ddof=1) / math.sqrt(6), rel=1e-12)
     with pytest.raises(ValueError, match="logs"):
         RI.block_se(logs[:55], 10, overlap=False)
+    with pytest.raises(ValueError, match="block"):
+        RI.log_ratio_interval(np.exp(logs[:55]), np.ones(55), block=10, overlap=False)
 
 
 def test_bad_arguments_name_themselves():
     m = Machine({"a": 1e-3, "b": 1e-3}, 0)
     for kw, name in (({"epoch": 3}, "epoch"), ({"epoch": 0}, "epoch"),
                      ({"target": 0.0}, "target"), ({"min_repeats": 1}, "min_repeats"),
-                     ({"max_repeats": 1}, "max_repeats"), ({"budget_s": -1.0}, "budget_s")):
+                     ({"max_repeats": 1}, "max_repeats"), ({"max_repeats": 15}, "max_repeats"),
+                     ({"min_repeats": 10, "max_repeats": 15}, "max_repeats"),
+                     ({"budget_s": -1.0}, "budget_s")):
         with pytest.raises(ValueError, match=name):
             O.measure_fresh_ratio(lambda: Closure("a"), lambda: Closure("b"), timer=m.timer,
                                   clock=m.clock, **kw)

@@ -49,7 +49,8 @@ class Ratio(Model):
     geometric-mean time ratio and its 95% interval over ``n`` repeats (lo/hi None below 2
     repeats; batch means over ``epochs`` fresh-closure epochs of ``block`` repeats, or in older
     evidence a moving-block bootstrap with blocks of ``block`` repeats, 1 = independent
-    repeats), and whether it reached its target width."""
+    repeats), whether it reached its target width, and why its repeats ended ("plan", "cap",
+    "budget"; None in older evidence)."""
 
     ratio: float
     lo: float | None = None
@@ -65,6 +66,7 @@ class Ratio(Model):
     target: float | None = None
     block: int | None = None
     epochs: int | None = None
+    stopped: str | None = None
 
     def interval(self) -> Interval:
         """The ratio as the audit's interval type (mean = ratio)."""

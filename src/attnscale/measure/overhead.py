@@ -27,8 +27,9 @@ non-overlapping block bootstrap with blocks = epochs: SE² = s_E²/E on E − 1 
 freedom), so that whatever a pair of closures carries through a whole measurement (where
 their buffers landed) varies between epochs and widens the interval. With one pair of closures
 for the whole measurement, C5's floor at N = 256 once read +4.6% [+3.6%, +5.6%] over 100
-repeats; over 90 fresh-epoch floor measurements at N = 256 to 2048 on this project's 2-core
-machine, the interval excluded 1 in 3 (docs/claims.md, C5).
+repeats (stopped at its first narrow look); ``benchmarks/noise_floor_coverage.py`` records how
+often the floor's interval excludes 1 by each procedure (docs/claims.md, C5). Each epoch's
+copies land at varied page offsets (data_ptr() mod 4096 took 2560-3840 over 8 epochs).
 
 :func:`overhead_study` applies it to the thread's claim that cosine similarity adds
 computational overhead (C5) with :func:`measure_fresh_ratio`: forward+backward of
@@ -115,8 +116,10 @@ class RatioEstimate:
 
     ``ms`` and ``baseline_ms`` are the medians of the per-call times over repeats;
     ``half_width`` = e^{t·SE} − 1 (the larger relative side of the interval); ``epochs`` the
-    fresh-closure epochs (:func:`measure_fresh_ratio`; None: one pair of closures); ``log_ratios``
-    are the per-repeat ln r_i (kept for checks, left out of :meth:`to_dict`)."""
+    fresh-closure epochs (:func:`measure_fresh_ratio`; None: one pair of closures); ``stopped``
+    why the repeats ended: "plan" (the count the pilot planned), "cap" (``max_repeats``, short
+    of the plan) or "budget" (``budget_s``); ``log_ratios`` are the per-repeat ln r_i (kept
+    for checks, left out of :meth:`to_dict`)."""
 
     ratio: float
     lo: float | None
@@ -132,6 +135,7 @@ class RatioEstimate:
     target: float
     block: int = 1
     epochs: int | None = None
+    stopped: str | None = None
     log_ratios: list[float] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -164,7 +168,7 @@ def time_repeat(fn: Callable[[], object], baseline: Callable[[], object], number
 
 def ratio_estimate(est: dict[str, float], a_times: list[float], b_times: list[float],
                    number: int, target: float, seconds: float,
-                   epochs: int | None = None) -> RatioEstimate:
+                   epochs: int | None = None, stopped: str | None = None) -> RatioEstimate:
     """The :class:`RatioEstimate` of timed blocks and their interval ``est``
     (:func:`log_ratio_interval`)."""
     return RatioEstimate(
@@ -173,7 +177,7 @@ def ratio_estimate(est: dict[str, float], a_times: list[float], b_times: list[fl
         ms=statistics.median(a_times) / number * 1e3,
         baseline_ms=statistics.median(b_times) / number * 1e3,
         number=number, half_width=est["half_width"], se_log=est["se_log"], target=target,
-        block=int(est["block"]), epochs=epochs,
+        block=int(est["block"]), epochs=epochs, stopped=stopped,
         log_ratios=[math.log(x / y) for x, y in zip(a_times, b_times, strict=True)])
 
 
@@ -196,7 +200,9 @@ def measure_ratio(
     ``budget_s`` is spent (see the module docstring). ``block`` is the interval's block length
     (:func:`log_ratio_interval`: 1 per-repeat, None automatic). ``timer(f, number)`` returns
     the seconds of one block and ``clock`` measures the budget; both are injectable for
-    tests. At least 2 repeats run."""
+    tests. At least 2 repeats run, and an even number unless ``max_repeats`` is odd and
+    reached; the interval is Stein's two-stage one over the pilot
+    (:func:`log_ratio_interval` with ``pilot``)."""
     target = check_float("target", target, low=0.0)
     min_repeats = check_int("min_repeats", min_repeats, minimum=2)
     max_repeats = check_int("max_repeats", max_repeats, minimum=min_repeats)
@@ -206,19 +212,26 @@ def measure_ratio(
     number = calibrate_number(fn, baseline, block_s, timer)
     a_times: list[float] = []
     b_times: list[float] = []
-    goal = min_repeats
+    goal = wanted = min_repeats
     while True:
         t_a, t_b = time_repeat(fn, baseline, number, len(a_times) % 2 == 0, timer)
         a_times.append(t_a)
         b_times.append(t_b)
         n = len(a_times)
         if n == min_repeats:  # the pilot: plan the rest once, never stop on a narrow look
-            pilot = log_ratio_interval(a_times, b_times, level, block)
-            goal = min(max_repeats, plan(n, pilot["half_width"], target))
-        if n >= 2 and (n >= goal or clock() - start >= budget_s):
+            first = log_ratio_interval(a_times, b_times, level, block)
+            wanted = plan(n, first["half_width"], target)
+            goal = min(max_repeats, wanted + wanted % 2)  # even: as many A-first as B-first
+        if n >= goal:
+            stopped = "plan" if wanted <= max_repeats else "cap"
             break
-    est = log_ratio_interval(a_times, b_times, level, block)
-    return ratio_estimate(est, a_times, b_times, number, target, clock() - start)
+        if n % 2 == 0 and clock() - start >= budget_s:
+            stopped = "budget"
+            break
+    est = log_ratio_interval(a_times, b_times, level, block,
+                             pilot=min_repeats if n > min_repeats else None)
+    return ratio_estimate(est, a_times, b_times, number, target, clock() - start,
+                          stopped=stopped)
 
 
 def pilot_epochs(min_repeats: int, epoch: int = EPOCH) -> int:
@@ -243,15 +256,18 @@ def measure_fresh_ratio(
     """time(fn) / time(baseline) over epochs of fresh closures (module docstring): each epoch
     calls ``make_baseline()`` and ``make_fn()``, runs each once untimed (baseline first) and
     times ``epoch`` interleaved repeats (even: as many fn-first as baseline-first). The
-    interval is batch means over epochs; a pilot of max(2, ⌈min_repeats / epoch⌉) epochs, then
-    :func:`plan`'s count, capped by ``max_repeats`` and ``budget_s``."""
+    interval is batch means over epochs (Stein's two-stage interval over the pilot, as in
+    :func:`measure_ratio`); a pilot of :func:`pilot_epochs` epochs (at most ``max_repeats`` /
+    ``epoch``, which must allow two), then :func:`plan`'s count, capped by ``max_repeats`` and
+    ``budget_s`` (checked after each epoch, from the second on)."""
     epoch = check_int("epoch", epoch, minimum=2)
     if epoch % 2:
         raise ValueError(f"epoch must be even (as many fn-first as baseline-first repeats); "
                          f"got {epoch}")
     target = check_float("target", target, low=0.0)
     min_repeats = check_int("min_repeats", min_repeats, minimum=2)
-    max_epochs = max(2, check_int("max_repeats", max_repeats, minimum=min_repeats) // epoch)
+    max_epochs = check_int("max_repeats", max_repeats, minimum=max(min_repeats, 2 * epoch))
+    max_epochs //= epoch
     budget_s = check_float("budget_s", budget_s, low=0.0)
     block_s = check_float("block_s", block_s, low=0.0)
     start = clock()
@@ -259,23 +275,36 @@ def measure_fresh_ratio(
     a_times: list[float] = []
     b_times: list[float] = []
     pilot = min(max_epochs, pilot_epochs(min_repeats, epoch))
-    goal = pilot
+    goal = wanted = pilot
     while True:
-        baseline, fn = make_baseline(), make_fn()
-        timer(baseline, 1)  # warm-up, baseline first: fn's first timed block follows its own call
-        timer(fn, 1)
-        for i in range(epoch):
-            t_a, t_b = time_repeat(fn, baseline, number, i % 2 == 0, timer)
+        for t_a, t_b in time_epoch(make_fn(), make_baseline(), number, epoch, timer):
             a_times.append(t_a)
             b_times.append(t_b)
         done = len(a_times) // epoch
-        if done == pilot:
-            est = log_ratio_interval(a_times, b_times, level, epoch, overlap=False)
-            goal = min(max_epochs, plan(done, est["half_width"], target))
-        if done >= goal or (done >= 2 and clock() - start >= budget_s):
+        if done == pilot:  # plan the rest once, never stop on a narrow look
+            first = log_ratio_interval(a_times, b_times, level, epoch, overlap=False)
+            wanted = plan(done, first["half_width"], target)
+            goal = min(max_epochs, wanted)
+        if done >= goal:
+            stopped = "plan" if wanted <= max_epochs else "cap"
             break
-    est = log_ratio_interval(a_times, b_times, level, epoch, overlap=False)
-    return ratio_estimate(est, a_times, b_times, number, target, clock() - start, done)
+        if done >= 2 and clock() - start >= budget_s:
+            stopped = "budget"
+            break
+    est = log_ratio_interval(a_times, b_times, level, epoch, overlap=False,
+                             pilot=pilot * epoch if done > pilot else None)
+    return ratio_estimate(est, a_times, b_times, number, target, clock() - start, done,
+                          stopped)
+
+
+def time_epoch(fn: Callable[[], object], baseline: Callable[[], object], number: int,
+               epoch: int, timer: BlockTimer) -> list[tuple[float, float]]:
+    """One epoch of fresh closures: each called once untimed, the baseline first (so fn's first
+    timed block follows its own call), then ``epoch`` repeats alternating which goes first;
+    [(t_fn, t_baseline)] per repeat."""
+    timer(baseline, 1)
+    timer(fn, 1)
+    return [time_repeat(fn, baseline, number, i % 2 == 0, timer) for i in range(epoch)]
 
 
 def fit_inverse_n(

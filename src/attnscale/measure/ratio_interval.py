@@ -33,7 +33,13 @@ units (repeats or epochs) gives a relative half-width h₀ = e^{t·SE} − 1, an
 runs to n = ⌈n₀ · 1.2 · (ln(1 + h₀) / ln(1 + target))²⌉ units (:func:`plan`: SE ∝ 1/√n, 20%
 slack for a pilot's noisy SE). Stopping at the first look whose interval is narrow enough
 selects the runs whose SE happened to come out small, and their intervals cover less than they
-say; a plan made once from the pilot leaves the final interval's data unselected.
+say. Even one plan leaks a little when the final interval reuses the pilot's SE estimate (a run
+whose pilot SE came out small stops early and keeps it), so the final interval is Stein's
+two-stage one (Stein 1945, Ann. Math. Statist. 16(3)): the mean of all n, the pilot's SE scaled
+to n, SE₀·√(n₀/n), with the pilot's t quantile. n depends on the pilot only through SE₀, which
+(for normal, independent units) is independent of the mean, so its coverage is exact whatever
+the plan. The interval takes the whole run's SE instead where that is larger (load that grew
+after the pilot).
 """
 
 from __future__ import annotations
@@ -82,7 +88,7 @@ def block_se(logs: np.ndarray, block: int, overlap: bool = True) -> tuple[float,
 
 def log_ratio_interval(
     times: Iterable[float], baseline_times: Iterable[float], level: float = 0.95,
-    block: int | None = 1, overlap: bool = True,
+    block: int | None = 1, overlap: bool = True, pilot: int | None = None,
 ) -> dict[str, float]:
     """Geometric-mean ratio of paired times and its moving-block bootstrap interval over
     consecutive pairs (see the module docstring): ratio = exp(m), m = mean ln(a_i/b_i),
@@ -90,8 +96,10 @@ def log_ratio_interval(
 
     ``block`` is L (1: the per-repeat Student-t interval; None: :func:`block_length`; at most
     n/2, so that there are two blocks); ``overlap=False`` gives batch means over disjoint
-    blocks (:func:`block_se`). Returns {"ratio", "lo", "hi", "se_log", "half_width",
-    "block"} with half_width = e^{t·SE} − 1."""
+    blocks (:func:`block_se`). ``pilot``: the first n₀ pairs were the pilot that set n (Stein
+    1945, module docstring): SE = max(SE_all, SE₀·√(n₀/n)) with SE₀, and the t quantile's
+    b₀ − 1 degrees of freedom, from the pilot alone (its blocks sized for n₀). Returns
+    {"ratio", "lo", "hi", "se_log", "half_width", "block"} with half_width = e^{t·SE} − 1."""
     level = check_float("level", level, low=0.0, high=1.0)
     a, b = np.asarray(list(times), dtype=float), np.asarray(list(baseline_times), dtype=float)
     if a.shape != b.shape or a.size < 2:
@@ -102,8 +110,14 @@ def log_ratio_interval(
     logs = np.log(a / b)
     size = block_length(logs.size) if block is None else check_int("block", block)
     size = min(size, logs.size // 2)
+    if not overlap and logs.size % size:
+        raise ValueError(f"block: {logs.size} repeats do not split into blocks of {size}")
     m = float(logs.mean())
     se, blocks = block_se(logs, size, overlap)
+    if pilot is not None and check_int("pilot", pilot, minimum=2) < logs.size:
+        first = min(block_length(pilot) if block is None else size, pilot // 2)
+        se0, blocks = block_se(logs[:pilot], first, overlap)
+        se = max(se, se0 * math.sqrt(pilot / logs.size))
     t = _t_quantile((1 + level) / 2, blocks - 1)
     return {"ratio": math.exp(m), "lo": math.exp(m - t * se), "hi": math.exp(m + t * se),
             "se_log": se, "half_width": math.expm1(t * se), "block": size}

@@ -23,6 +23,7 @@ from attnscale.audit.interval import Interval
 from attnscale.audit.studies import PRESETS
 from attnscale.audit.verdicts import MissingEvidence
 from attnscale.measure import overhead as O
+from attnscale.measure import ratio_interval as RI
 
 
 def est(ratio, half=0.01, converged=True):
@@ -153,7 +154,7 @@ def test_per_n_decision_agrees_with_scipy_t_test():
     for _ in range(40):
         mu, sd, n = rng.uniform(0.0, 0.08), rng.uniform(0.005, 0.05), int(rng.integers(5, 40))
         logs = mu + sd * rng.standard_normal(n)
-        e = M.Ratio(**O.log_ratio_interval(np.exp(logs), np.ones(n)), n=n, converged=True)
+        e = M.Ratio(**RI.log_ratio_interval(np.exp(logs), np.ones(n)), n=n, converged=True)
         delta = 0.02
         p = stats.ttest_1samp(logs, math.log1p(delta), alternative="greater").pvalue
         assert (M.classify(e, delta) == "real") == (p < 0.025)

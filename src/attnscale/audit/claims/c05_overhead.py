@@ -302,9 +302,18 @@ def gather(src: Sources) -> dict[str, Any]:
 COLUMNS = ("N", "comparison", "time ratio", "95% interval", "repeats", "epochs")
 
 
+def stop_note(e: Mapping[str, Any]) -> str:
+    """"" for a measurement that reached its target width; otherwise why it ended: " (budget)",
+    " (cap)" or " (plan short)" (the planned repeats left it wider; older evidence: budget)."""
+    if e["converged"]:
+        return ""
+    why = e.get("stopped") or "budget"
+    return f" ({'plan short' if why == 'plan' else why})"
+
+
 def panel_rows(rows: list[Mapping[str, Any]]) -> tuple[tuple[str, ...], ...]:
     """Two table rows per N (cosine / scaled_dot, then the noise floor): the ratio, its
-    interval, the repeats ("budget" where the time budget ended them before the target width)
+    interval, the repeats (with :func:`stop_note` where they ended before the target width)
     and the fresh-closure epochs they ran in ("—" in older evidence)."""
     out = []
     for r in sorted(rows, key=lambda r: r["n"]):
@@ -312,7 +321,7 @@ def panel_rows(rows: list[Mapping[str, Any]]) -> tuple[tuple[str, ...], ...]:
             e = r[key]
             span = (f"[{e['lo']:.3f}, {e['hi']:.3f}]" if finite(e.get("lo")) and finite(e.get("hi"))
                     else "—")
-            repeats = f"{e['n']}{'' if e['converged'] else ' (budget)'}"
+            repeats = f"{e['n']}{stop_note(e)}"
             out.append((str(r["n"]), name, f"{e['ratio']:.3f}", span, repeats,
                         str(e.get("epochs") or "—")))
     return tuple(out)
