@@ -22,7 +22,7 @@ VERDICT_COLORS = {"supported": "green", "refuted": "red", "depends": "yellow",
 def report(
     quick: Annotated[bool, typer.Option("--quick", help="About 70 s on 2 cores.")] = False,
     standard: Annotated[bool, typer.Option(
-        "--standard", help="The default, 10–12 min on 2 cores.")] = False,
+        "--standard", help="The default, 9–12 min on 2 cores.")] = False,
     deep: Annotated[bool, typer.Option("--deep", help=(
         "The standard report plus a 1,500-step text study, a high-LR instability study "
         "without gradient clipping and Q4's QK-Clip study (about 22 min on 2 cores after a "
